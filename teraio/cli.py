@@ -1,0 +1,59 @@
+"""The `teraio` command: a thin click shell over the stage libraries.
+
+Each subcommand lives in teraio/commands/<name>.py, parses, calls one library function,
+prints with rich, and lets TeraioError become one red line and an exit code here.
+"""
+
+import sys
+
+import click
+from rich.console import Console
+
+from teraio import __version__
+from teraio.errors import TeraioError
+
+err_console = Console(stderr=True, highlight=False)
+
+
+class TeraioGroup(click.Group):
+    """Turns a TeraioError from any subcommand into one line and its exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TeraioError as err:
+            err_console.print(f"[bold red]teraio:[/] {err}", soft_wrap=True)
+            sys.exit(err.exit_code)
+        except KeyboardInterrupt:
+            err_console.print("[bold red]teraio:[/] interrupted")
+            sys.exit(130)
+
+
+@click.group(cls=TeraioGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="teraio")
+def cli():
+    """Train PyTorch models bigger than the GPU.
+
+    \b
+    Three stages, two files:
+      teraio profile train.py           -> trace.msgpack
+      teraio plan trace.msgpack --ssds 8 -> plan.json
+      teraio run --plan plan.json -- python train.py
+    \b
+    `teraio demo` runs all three on the bundled example; `teraio inspect FILE` reads any
+    file they write.
+    """
+
+
+def _register() -> None:
+    from teraio.commands import demo, diff, inspect, plan, profile, run
+
+    for module in (profile, plan, diff, run, inspect, demo):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="teraio")

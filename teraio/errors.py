@@ -1,0 +1,41 @@
+"""One error family for everything a user can get wrong; the CLI maps each to an exit code.
+
+Messages are one sentence that says what to do. Library code raises these and never prints
+or exits; `assert` is kept for our own invariants.
+"""
+
+
+class TeraioError(Exception):
+    """A user-facing failure. `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class UsageError(TeraioError):
+    """Bad options or arguments."""
+
+    exit_code = 2
+
+
+class FileFormatError(TeraioError):
+    """A file that is missing, truncated, foreign, or of an unknown schema version."""
+
+    exit_code = 3
+
+
+class ScriptError(TeraioError):
+    """The user's training script failed or never reached an iteration boundary."""
+
+    exit_code = 4
+
+
+class PlanError(TeraioError):
+    """No plan can satisfy the request (e.g. a budget below what one kernel needs)."""
+
+    exit_code = 5
+
+
+class PlanMismatchError(TeraioError):
+    """A plan that was made for a different trace than the job being run."""
+
+    exit_code = 6

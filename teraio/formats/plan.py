@@ -1,0 +1,131 @@
+"""The plan: which tensor leaves device memory when, to which tier, and when it comes back.
+
+JSON written for review: stable key order, entries sorted by (offload_after, tensor), one
+entry per line, rounded floats, no timestamps or hostnames. Kernel indices refer to the
+trace the plan was made from (header.trace.op_digest must match the live job).
+
+An entry is one idle period of one tensor:
+- offload_after: the last kernel that uses the tensor before the period; the copy-out
+  starts when it finishes;
+- offload_by: the kernel by which the copy is planned to be done and the memory freed;
+- prefetch_at: the kernel before which the copy-in starts;
+- needed_by: the next kernel that uses the tensor; it must be back before this one runs.
+When `wraps` is true the period crosses the iteration boundary: offload in iteration i,
+prefetch and use in iteration i+1 (so prefetch_at and needed_by are smaller numbers).
+"""
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from teraio.formats.common import (
+    PLAN_FORMAT, Producer, Strict, atomic_write_bytes, check_version, read_raw, validate,
+)
+
+PLAN_SCHEMA_VERSION = 1
+SUPPORTED_PLAN_VERSIONS = (1,)
+
+
+class TraceRef(Strict):
+    """What the plan was made from: the runtime refuses a plan whose op_digest differs."""
+
+    op_digest: str
+    num_kernels: int
+    rank: int
+    world_size: int
+    device: str
+
+
+class PlannerInputs(Strict):
+    budget_bytes: int
+    num_ssds: int
+    ssd_read_gbps: float
+    ssd_write_gbps: float
+    host_mem_bytes: int
+    host_gbps: float
+    pcie_gbps: float
+    headroom_bytes: int
+    latency_us: float
+
+
+class Prediction(Strict):
+    """The simulator's replay of trace + plan under the bandwidth model (one iteration)."""
+
+    iteration_ms: float
+    ideal_iteration_ms: float
+    share_of_ideal: float
+    stall_ms: float
+    peak_bytes: int
+    peak_bytes_without_plan: int
+    fits: bool
+    over_budget_kernels: int
+    max_excess_bytes: int
+    ssd_write_bytes_per_iteration: int
+    host_pool_bytes: int
+    offload_bytes_by_tier: dict[str, int]
+
+
+class PlanHeader(Strict):
+    format: Literal["teraio-plan"] = PLAN_FORMAT
+    schema_version: int = PLAN_SCHEMA_VERSION
+    producer: Producer
+    trace: TraceRef
+    inputs: PlannerInputs
+    prediction: Prediction
+
+
+class PlanEntry(Strict):
+    tensor: str = Field(description="stable tensor id from the trace")
+    name: str
+    kind: str
+    nbytes: int
+    tier: Literal["ssd", "host"]
+    offload_after: int
+    offload_by: int
+    prefetch_at: int
+    needed_by: int
+    wraps: bool
+    reason: str
+
+
+class Plan(Strict):
+    header: PlanHeader
+    entries: list[PlanEntry]
+
+
+def sort_entries(entries: list[PlanEntry]) -> list[PlanEntry]:
+    return sorted(entries, key=lambda e: (e.offload_after, e.tensor, e.needed_by))
+
+
+def _round_floats(obj, digits: int = 3):
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: _round_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_round_floats(v, digits) for v in obj]
+    return obj
+
+
+def plan_to_json(plan: Plan) -> str:
+    """Deterministic text: the header indented, then one entry per line."""
+    header = _round_floats(plan.header.model_dump(mode="json"))
+    lines = ["{", '"header": ' + json.dumps(header, indent=2) + ",", '"entries": [']
+    entries = sort_entries(plan.entries)
+    for i, entry in enumerate(entries):
+        comma = "," if i + 1 < len(entries) else ""
+        lines.append("  " + json.dumps(_round_floats(entry.model_dump(mode="json"))) + comma)
+    lines += ["]", "}", ""]
+    return "\n".join(lines)
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    atomic_write_bytes(path, plan_to_json(plan).encode())
+
+
+def load_plan(path: str | Path) -> Plan:
+    raw = read_raw(path)
+    check_version(raw, path, PLAN_FORMAT, SUPPORTED_PLAN_VERSIONS)
+    return validate(Plan, raw, path)

@@ -1,0 +1,218 @@
+"""The trace: one steady-state training iteration, as kernels and per-storage tensors.
+
+On disk it is msgpack with a header and two column tables (one list per field), so that a
+250k-kernel trace decodes into numpy arrays without building an object per record. Kernel
+indices are positions in one iteration's op stream (the k-th ATen op is kernel k).
+
+Lifetimes, per tensor, in kernel indices of the recorded iteration (N kernels):
+- global tensors (alive across the iteration boundary: parameters, optimizer state, gradients
+  kept between steps) have born = freed = -1; their idle period wraps around the boundary;
+- intermediates are born at kernel `born` (the op that made them) and freed after kernel
+  `freed - 1`, i.e. they hold memory over [born, freed). `freed` may exceed N when the tensor
+  dies early in the next iteration (a gradient freed by zero_grad), so memory over
+  [born, N) and [0, freed - N) in steady state.
+"""
+
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Literal
+
+import msgpack
+import numpy as np
+
+from teraio.formats.common import (
+    TRACE_FORMAT, Producer, Strict, atomic_write_bytes, check_version, read_raw, validate,
+)
+from teraio.errors import FileFormatError
+
+TRACE_SCHEMA_VERSION = 1
+SUPPORTED_TRACE_VERSIONS = (1,)
+
+
+class Phase(IntEnum):
+    forward = 0
+    backward = 1
+    optimizer = 2
+    other = 3
+
+
+class Kind(IntEnum):
+    parameter = 0
+    gradient = 1
+    optimizer_state = 2
+    activation = 3
+    other = 4
+
+
+class DeviceInfo(Strict):
+    type: Literal["cpu", "cuda"]
+    name: str
+    capacity_bytes: int | None = None
+
+
+class TraceHeader(Strict):
+    format: Literal["teraio-trace"] = TRACE_FORMAT
+    schema_version: int = TRACE_SCHEMA_VERSION
+    producer: Producer
+    command: list[str]
+    world_size: int = 1
+    rank: int = 0
+    device: DeviceInfo
+    warmup_iterations: int
+    profiled_iterations: int
+    num_kernels: int
+    num_tensors: int
+    op_digest: str
+    iteration_ms: float
+    untracked_bytes: int = 0
+    memory_model_max_error: float | None = None
+    timing: Literal["cuda_events", "monotonic_clock"]
+
+
+class KernelTable(Strict):
+    """Columns, one entry per kernel. `op` indexes `op_names`."""
+
+    op_names: list[str]
+    op: list[int]
+    phase: list[int]
+    duration_us: list[float]
+    device_bytes: list[int]
+    signature: list[int]
+
+
+class TensorTable(Strict):
+    """Columns, one entry per storage. Uses are CSR: kernels use_kernels[use_offsets[i]:use_offsets[i+1]]."""
+
+    id: list[str]
+    name: list[str]
+    kind: list[int]
+    nbytes: list[int]
+    dtype: list[str]
+    shape: list[list[int]]
+    born: list[int]
+    freed: list[int]
+    use_offsets: list[int]
+    use_kernels: list[int]
+
+
+class TraceFile(Strict):
+    """The whole file; used for the JSON Schema and for writing, never per record on load."""
+
+    header: TraceHeader
+    kernels: KernelTable
+    tensors: TensorTable
+
+
+@dataclass
+class Trace:
+    """A loaded trace: validated header, numpy columns."""
+
+    header: TraceHeader
+    op_names: list[str]
+    kernel_op: np.ndarray        # int32, index into op_names
+    kernel_phase: np.ndarray     # int8, Phase
+    duration_us: np.ndarray      # float64
+    device_bytes: np.ndarray     # int64, allocator bytes after the kernel (-1 on CPU)
+    signature: np.ndarray        # uint32, op name + output shapes
+    tensor_id: list[str]
+    tensor_name: list[str]
+    kind: np.ndarray             # int8, Kind
+    nbytes: np.ndarray           # int64
+    dtype: list[str]
+    shape: list[list[int]]
+    born: np.ndarray             # int64, -1 for global
+    freed: np.ndarray            # int64, -1 for global
+    use_offsets: np.ndarray      # int64, len num_tensors + 1
+    use_kernels: np.ndarray      # int64, sorted within each tensor
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.duration_us)
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self.nbytes)
+
+    def uses(self, i: int) -> np.ndarray:
+        return self.use_kernels[self.use_offsets[i]:self.use_offsets[i + 1]]
+
+    def is_global(self) -> np.ndarray:
+        return self.born < 0
+
+    def op_name(self, k: int) -> str:
+        return self.op_names[self.kernel_op[k]]
+
+
+def save_trace(trace_file: TraceFile, path: str | Path) -> None:
+    data = msgpack.packb(trace_file.model_dump(mode="python"), use_bin_type=True)
+    atomic_write_bytes(path, data)
+
+
+def load_trace(path: str | Path) -> Trace:
+    raw = read_raw(path)
+    check_version(raw, path, TRACE_FORMAT, SUPPORTED_TRACE_VERSIONS)
+    header = validate(TraceHeader, raw["header"], path)
+    try:
+        return _columns_to_trace(header, raw["kernels"], raw["tensors"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise FileFormatError(f"{path} is damaged ({err}): re-profile to regenerate it") from None
+
+
+def _columns_to_trace(header: TraceHeader, kernels: dict, tensors: dict) -> Trace:
+    num_k, num_t = header.num_kernels, header.num_tensors
+    trace = Trace(
+        header=header,
+        op_names=list(kernels["op_names"]),
+        kernel_op=np.asarray(kernels["op"], dtype=np.int32),
+        kernel_phase=np.asarray(kernels["phase"], dtype=np.int8),
+        duration_us=np.asarray(kernels["duration_us"], dtype=np.float64),
+        device_bytes=np.asarray(kernels["device_bytes"], dtype=np.int64),
+        signature=np.asarray(kernels["signature"], dtype=np.uint32),
+        tensor_id=list(tensors["id"]),
+        tensor_name=list(tensors["name"]),
+        kind=np.asarray(tensors["kind"], dtype=np.int8),
+        nbytes=np.asarray(tensors["nbytes"], dtype=np.int64),
+        dtype=list(tensors["dtype"]),
+        shape=list(tensors["shape"]),
+        born=np.asarray(tensors["born"], dtype=np.int64),
+        freed=np.asarray(tensors["freed"], dtype=np.int64),
+        use_offsets=np.asarray(tensors["use_offsets"], dtype=np.int64),
+        use_kernels=np.asarray(tensors["use_kernels"], dtype=np.int64),
+    )
+    _check_shapes(trace, num_k, num_t)
+    return trace
+
+
+def _check_shapes(trace: Trace, num_k: int, num_t: int) -> None:
+    kernel_cols = (trace.kernel_op, trace.kernel_phase, trace.duration_us, trace.device_bytes, trace.signature)
+    tensor_cols = (trace.tensor_id, trace.tensor_name, trace.kind, trace.nbytes, trace.dtype,
+                   trace.shape, trace.born, trace.freed)
+    if any(len(c) != num_k for c in kernel_cols):
+        raise ValueError("kernel columns disagree with header.num_kernels")
+    if any(len(c) != num_t for c in tensor_cols) or len(trace.use_offsets) != num_t + 1:
+        raise ValueError("tensor columns disagree with header.num_tensors")
+    if trace.use_offsets[-1] != len(trace.use_kernels):
+        raise ValueError("use_offsets does not cover use_kernels")
+    if len(trace.use_kernels) and (trace.use_kernels.min() < 0 or trace.use_kernels.max() >= num_k):
+        raise ValueError("a tensor use points outside the kernel list")
+    if len(trace.kernel_op) and (trace.kernel_op.min() < 0 or trace.kernel_op.max() >= len(trace.op_names)):
+        raise ValueError("a kernel op points outside op_names")
+
+
+def trace_to_file(trace: Trace) -> TraceFile:
+    """The inverse of loading: for writing a trace built or transformed in memory."""
+    return TraceFile(
+        header=trace.header,
+        kernels=KernelTable(
+            op_names=trace.op_names, op=trace.kernel_op.tolist(), phase=trace.kernel_phase.tolist(),
+            duration_us=trace.duration_us.tolist(), device_bytes=trace.device_bytes.tolist(),
+            signature=trace.signature.tolist(),
+        ),
+        tensors=TensorTable(
+            id=trace.tensor_id, name=trace.tensor_name, kind=trace.kind.tolist(),
+            nbytes=trace.nbytes.tolist(), dtype=trace.dtype, shape=trace.shape,
+            born=trace.born.tolist(), freed=trace.freed.tolist(),
+            use_offsets=trace.use_offsets.tolist(), use_kernels=trace.use_kernels.tolist(),
+        ),
+    )

@@ -1,0 +1,44 @@
+"""Sizes and rates as users type them ("40GiB", "6.5GB", "123456") and as we print them."""
+
+import re
+
+from teraio.errors import UsageError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "40GiB" / "40GB" / "40e9"-free plain integers; raises UsageError."""
+    if isinstance(text, int):
+        nbytes = text
+    else:
+        match = _SIZE_RE.match(str(text))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _SIZE_UNITS:
+            raise UsageError(
+                f"cannot read size {text!r}: write a number with an optional unit, "
+                "e.g. 40GiB, 512MB or 1073741824"
+            )
+        nbytes = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if nbytes < 0:
+        raise UsageError(f"size {text!r} is negative: give a size of 0 or more")
+    return nbytes
+
+
+def format_bytes(nbytes: float) -> str:
+    """Binary units, 3 significant digits: 1.50 GiB, 12.0 MiB, 512 B."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ms(ms: float) -> str:
+    return f"{ms:.3g} ms" if ms < 1000 else f"{ms / 1000:.3g} s"
