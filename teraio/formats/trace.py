@@ -216,3 +216,25 @@ def trace_to_file(trace: Trace) -> TraceFile:
             use_offsets=trace.use_offsets.tolist(), use_kernels=trace.use_kernels.tolist(),
         ),
     )
+
+
+def live_bytes_per_kernel(trace: Trace) -> np.ndarray:
+    """Tracked bytes held at each kernel with nothing offloaded (int64, one per kernel).
+
+    Globals count everywhere; an intermediate counts over [born, freed), and the part of
+    that range past the iteration end wraps to its start (steady state: the previous
+    iteration's copy is still alive there). Uses a difference array: O(kernels + tensors).
+    """
+    num_k = trace.num_kernels
+    diff = np.zeros(num_k + 1, dtype=np.int64)
+    is_global = trace.born < 0
+    base = int(trace.nbytes[is_global].sum())
+    born, freed, size = trace.born[~is_global], trace.freed[~is_global], trace.nbytes[~is_global]
+    end = np.minimum(freed, num_k)
+    np.add.at(diff, born, size)
+    np.add.at(diff, end, -size)
+    wraps = freed > num_k
+    wrap_end = np.minimum(freed[wraps] - num_k, num_k)
+    np.add.at(diff, np.zeros_like(wrap_end), size[wraps])
+    np.add.at(diff, wrap_end, -size[wraps])
+    return base + np.cumsum(diff[:num_k])

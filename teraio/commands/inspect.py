@@ -1,0 +1,113 @@
+"""teraio inspect: any trace, plan or run report, in readable form or as JSON."""
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from teraio.commands.options import json_flag
+from teraio.formats.common import PLAN_FORMAT, REPORT_FORMAT, TRACE_FORMAT, detect_format, read_raw
+from teraio.units import format_bytes, format_ms
+
+console = Console(highlight=False)
+
+
+@click.command("inspect")
+@click.argument("path", type=click.Path(dir_okay=False))
+@json_flag
+def command(path, as_json):
+    """Show what a trace, plan or run report holds.
+
+    \b
+    Examples:
+      teraio inspect trace.msgpack
+      teraio inspect plan.json --json | jq .predicted_iteration_ms
+      teraio inspect run.json
+    """
+    fmt = detect_format(read_raw(path), path)
+    stats = {TRACE_FORMAT: _trace_stats, PLAN_FORMAT: _plan_stats, REPORT_FORMAT: _report_stats}[fmt](path)
+    if as_json:
+        click.echo(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        {TRACE_FORMAT: print_trace_summary, PLAN_FORMAT: _print_plan, REPORT_FORMAT: _print_report}[fmt](path, console)
+
+
+def _trace_stats(path):
+    from teraio.formats.trace import load_trace
+    from teraio.summary import trace_stats
+
+    return trace_stats(load_trace(path))
+
+
+def print_trace_summary(path, out: Console) -> None:
+    from teraio.formats.trace import live_bytes_per_kernel, load_trace
+    from teraio.summary import idle_histogram, largest_tensors, sparkline, trace_stats
+
+    trace = load_trace(path)
+    s = trace_stats(trace)
+    device = s["device"]
+    out.print(f"[bold]{path}[/]: trace of rank {s['rank']}/{s['world_size']} on {device['name']}, "
+              f"{s['num_kernels']} kernels, {s['num_tensors']} tensors")
+    out.print(f"  iteration {format_ms(s['iteration_ms'])} (kernels {format_ms(s['kernel_time_ms'])}), "
+              f"peak {format_bytes(s['peak_bytes'])} (untracked {format_bytes(s['untracked_bytes'])}), "
+              f"active fraction {s['active_fraction_mean']:.2%} (paper: 1.7%)")
+    out.print("  tensors: " + ", ".join(f"{n} {k}" for k, n in s["tensors_by_kind"].items() if n))
+    out.print(f"  memory  [cyan]{sparkline(live_bytes_per_kernel(trace))}[/]")
+    table = Table("idle period", "count", "bytes", title="Idle periods", title_justify="left")
+    for label, count, nbytes in idle_histogram(trace):
+        table.add_row(label, str(count), format_bytes(nbytes))
+    out.print(table)
+    table = Table("tensor", "kind", "size", "shape", "uses", title="Largest tensors", title_justify="left")
+    for row in largest_tensors(trace, 8):
+        table.add_row(row["name"], row["kind"], format_bytes(row["nbytes"]), str(row["shape"]), str(row["uses"]))
+    out.print(table)
+
+
+def _plan_stats(path):
+    from teraio.formats.plan import load_plan
+
+    plan = load_plan(path)
+    h, p = plan.header, plan.header.prediction
+    return {
+        "format": h.format, "schema_version": h.schema_version, "num_entries": len(plan.entries),
+        "budget_bytes": h.inputs.budget_bytes, "predicted_iteration_ms": p.iteration_ms,
+        "ideal_iteration_ms": p.ideal_iteration_ms, "share_of_ideal": p.share_of_ideal,
+        "predicted_peak_bytes": p.peak_bytes, "predicted_stall_ms": p.stall_ms, "fits": p.fits,
+        "offload_bytes_by_tier": p.offload_bytes_by_tier,
+        "ssd_write_bytes_per_iteration": p.ssd_write_bytes_per_iteration,
+        "trace_op_digest": h.trace.op_digest,
+    }
+
+
+def _print_plan(path, out: Console) -> None:
+    from teraio.formats.plan import load_plan
+
+    plan = load_plan(path)
+    s = _plan_stats(path)
+    out.print(f"[bold]{path}[/]: {s['num_entries']} entries, budget {format_bytes(s['budget_bytes'])}, "
+              f"predicted peak {format_bytes(s['predicted_peak_bytes'])} "
+              f"({'fits' if s['fits'] else '[red]does not fit[/]'})")
+    out.print(f"  predicted {format_ms(s['predicted_iteration_ms'])} per iteration vs ideal "
+              f"{format_ms(s['ideal_iteration_ms'])} ({s['share_of_ideal']:.1%}); "
+              + ", ".join(f"{tier} {format_bytes(n)}" for tier, n in s["offload_bytes_by_tier"].items()))
+    table = Table("tensor", "tier", "size", "out after", "back at", "needed by", "reason")
+    for entry in plan.entries[:30]:
+        table.add_row(entry.name, entry.tier, format_bytes(entry.nbytes), str(entry.offload_after),
+                      str(entry.prefetch_at), str(entry.needed_by), entry.reason)
+    out.print(table)
+    if len(plan.entries) > 30:
+        out.print(f"  ... and {len(plan.entries) - 30} more (--json, or read the file: one entry per line)")
+
+
+def _report_stats(path):
+    from teraio.formats.report import load_report, report_stats
+
+    return report_stats(load_report(path))
+
+
+def _print_report(path, out: Console) -> None:
+    from teraio.formats.report import load_report
+    from teraio_run.summary import print_report
+
+    print_report(load_report(path), out, title=str(path))

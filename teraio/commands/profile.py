@@ -1,0 +1,36 @@
+"""teraio profile."""
+
+import click
+from rich.console import Console
+
+from teraio_profile.profile import profile
+
+console = Console(highlight=False)
+
+
+@click.command("profile", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@click.option("-o", "--output", "trace_out", default="trace.msgpack", show_default=True,
+              help="Trace file; each rank of a multi-process job writes NAME.rankN.msgpack.")
+@click.option("--warmup", default=1, show_default=True, help="Iterations to skip before recording.")
+@click.option("--iterations", default=2, show_default=True,
+              help="Iterations profiled; kernel times are their median.")
+@click.option("--run-to-completion", is_flag=True, help="Keep training after the trace is written.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="Which device's tensors to trace.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def command(trace_out, warmup, iterations, run_to_completion, device, command):
+    """Run a training script and record one steady-state iteration.
+
+    \b
+    An iteration ends at each optimizer.step(); after WARMUP + ITERATIONS of them
+    the trace is written and the script is ended (unless --run-to-completion).
+    \b
+    Examples:
+      teraio profile train.py --lr 3e-4
+      teraio profile -o llama.msgpack --warmup 2 --iterations 3 -- torchrun --nproc-per-node 2 train.py
+    """
+    from teraio.commands.inspect import print_trace_summary  # rich view shared with inspect
+
+    paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device)
+    for path in paths:
+        print_trace_summary(path, console)

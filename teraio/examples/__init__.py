@@ -1,0 +1,1 @@
+"""Example training scripts shipped with teraio (plain PyTorch: they never import teraio)."""

@@ -1,0 +1,287 @@
+"""The op walk that profile and run share: it numbers kernels and names tensors.
+
+Both stages watch the same stream of ATen ops with one TorchDispatchMode, so kernel k and
+tensor id X mean the same thing in the profiled process and in the planned one. The walk
+only observes; what to do at each op is a `WalkListener`'s business (the profiler records,
+the runtime executes a plan).
+
+Note [Tensor identity]
+A tensor is a storage (views share it; its size is the storage's nbytes). Its id must be
+stable across iterations and processes and readable in a plan diff:
+- parameters and buffers: their module path (`model.layers.3.mlp.up_proj.weight`), from the
+  root module's named_parameters() (the root is the first module called with none running);
+- gradients kept across steps: `<param>.grad`; optimizer state: `<param>:<state key>`, both
+  resolved through the optimizer object at its step hooks, not by order of first use;
+- everything else: the module scope, the op and the output index where it was born, and an
+  occurrence counter that restarts every iteration: `model.layers.3.mlp/mm.0#1`. Ops of the
+  backward pass run outside any module call, so their scope is `bwd`.
+Tensors first met as an op input (made before the walk started, or outside ATen) are named
+like births with `in` instead of the output index.
+
+Note [Iteration boundary]
+An iteration ends when an optimizer step finishes (the global step post-hook), so an
+unmodified script needs nothing; loops without a torch optimizer call `teraio_step()`.
+"""
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from teraio.formats.trace import Kind, Phase
+
+BACKWARD_SCOPE = "bwd"
+
+
+class StorageRecord:
+    """What the walk knows of one live storage. `state` belongs to the listener."""
+
+    __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration",
+                 "born_kernel", "state")
+
+    def __init__(self, key, tensor_id, kind, tensor, ref, iteration, kernel):
+        self.key = key
+        self.id = tensor_id
+        self.name = tensor_id
+        self.kind = kind
+        self.nbytes = ref_nbytes = tensor.untyped_storage().nbytes()
+        self.dtype = str(tensor.dtype).removeprefix("torch.")
+        self.shape = list(tensor.shape) if ref_nbytes else []
+        self.ref = ref
+        self.born_iteration = iteration
+        self.born_kernel = kernel
+        self.state = None
+
+    def storage(self):
+        """A strong reference to the storage, or None if it has been freed."""
+        if self.ref.expired():
+            return None
+        return torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)
+
+
+class WalkListener:
+    """Hooks the walk calls. Records are deduplicated per op; `new` are storages born by it."""
+
+    def before_op(self, k: int, func, inputs: list[StorageRecord]) -> None: ...
+
+    def after_op(self, k: int, func, inputs: list[StorageRecord], new: list[StorageRecord],
+                 signature: int) -> None: ...
+
+    def on_iteration_end(self, iteration: int, num_kernels: int) -> None: ...
+
+
+@dataclass
+class _Owners:
+    """Storage key -> (id, kind) for what the model and optimizers own."""
+
+    by_key: dict = field(default_factory=dict)
+    param_name: dict = field(default_factory=dict)  # id(param) -> module path
+
+
+def op_signature(func, out) -> int:
+    """crc32 of the op name and its output shapes: what the guard compares per kernel."""
+    shapes = [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return zlib.crc32(f"{func}|{shapes}".encode())
+
+
+class OpWalk(TorchDispatchMode):
+    """Numbers every ATen op on the watched device and names every storage it touches."""
+
+    def __init__(self, listener: WalkListener, device_type: str):
+        super().__init__()
+        self.listener = listener
+        self.device_type = device_type
+        self.iteration = 0
+        self.kernel = 0               # index of the next op within the current iteration
+        self.records: dict[int, StorageRecord] = {}
+        self.owners = _Owners()
+        self.roots: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.scope: list[str] = []
+        self.module_names: dict[int, str] = {}
+        self.occurrences: dict[tuple, int] = {}
+        self.in_optimizer = False
+        self._handles = []
+
+    # ----- hooks that give ops their context -----------------------------------------------
+    def install_hooks(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self._handles = [
+            register_module_forward_pre_hook(self._module_enter),
+            register_module_forward_hook(self._module_exit),
+            register_optimizer_step_pre_hook(self._optimizer_enter),
+            register_optimizer_step_post_hook(self._optimizer_exit),
+        ]
+
+    def remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _module_enter(self, module, args):
+        if not self.scope and id(module) not in self.module_names:
+            self._add_root(module)
+        self.scope.append(self.module_names.get(id(module), type(module).__name__))
+
+    def _module_exit(self, module, args, output):
+        if self.scope:
+            self.scope.pop()
+
+    def _add_root(self, module) -> None:
+        prefix = "" if not self.roots else type(module).__name__
+        self.roots.append(module)
+        for name, sub in module.named_modules(prefix=prefix):
+            self.module_names.setdefault(id(sub), name or type(module).__name__)
+        for name, param in module.named_parameters(prefix=prefix, remove_duplicate=False):
+            self.owners.param_name.setdefault(id(param), name)
+            self._own(param, name, Kind.parameter)
+        for name, buf in module.named_buffers(prefix=prefix, remove_duplicate=False):
+            self._own(buf, name, Kind.other)
+
+    def _optimizer_enter(self, optimizer, args, kwargs):
+        if all(o is not optimizer for o in self.optimizers):
+            self.optimizers.append(optimizer)
+        self.refresh_owners()
+        self.in_optimizer = True
+
+    def _optimizer_exit(self, optimizer, args, kwargs):
+        self.in_optimizer = False
+        self.refresh_owners()
+        self.end_iteration()
+
+    def refresh_owners(self) -> None:
+        """Name gradients and optimizer state through the optimizers (Note [Tensor identity])."""
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    name = self.owners.param_name.get(id(param))
+                    if name is None:
+                        continue
+                    if param.grad is not None:
+                        self._own(param.grad, f"{name}.grad", Kind.gradient)
+                    for key, value in optimizer.state.get(param, {}).items():
+                        if isinstance(value, torch.Tensor):
+                            self._own(value, f"{name}:{key}", Kind.optimizer_state)
+
+    def _own(self, tensor: torch.Tensor, tensor_id: str, kind: Kind) -> None:
+        if tensor.device.type != self.device_type:
+            return
+        key = tensor.untyped_storage()._cdata
+        self.owners.by_key[key] = (tensor_id, kind)
+        record = self.records.get(key)
+        if record is None:
+            return
+        record.name, record.kind = tensor_id, kind
+        # A gradient born in this iteration keeps its birth id: the runtime meets it at its
+        # birth op. Anything the owners hold across a boundary is resolved by owner name.
+        if kind != Kind.gradient or record.born_iteration < self.iteration:
+            record.id = tensor_id
+
+    def end_iteration(self) -> None:
+        num_kernels = self.kernel
+        self.listener.on_iteration_end(self.iteration, num_kernels)
+        self.iteration += 1
+        self.kernel = 0
+        self.occurrences.clear()
+
+    # ----- the op stream --------------------------------------------------------------------
+    def phase(self) -> Phase:
+        if self.in_optimizer:
+            return Phase.optimizer
+        if torch._C._current_autograd_node() is not None:
+            return Phase.backward
+        return Phase.forward if self.scope else Phase.other
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        k = self.kernel
+        self.kernel += 1
+        inputs = self._records_of(tree_leaves((args, kwargs)), func, "in")
+        self.listener.before_op(k, func, inputs)
+        out = func(*args, **kwargs)
+        known = {r.key for r in inputs}
+        new = [r for r in self._records_of(tree_leaves(out), func, None) if r.key not in known]
+        self.listener.after_op(k, func, inputs, new, op_signature(func, out))
+        return out
+
+    def _records_of(self, leaves, func, label) -> list[StorageRecord]:
+        records, seen = [], set()
+        index = 0
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor) or leaf.device.type != self.device_type:
+                continue
+            index += 1
+            try:
+                key = leaf.untyped_storage()._cdata
+            except (RuntimeError, NotImplementedError):
+                continue  # sparse and other storage-less tensors are not ours to move
+            if key in seen:
+                continue
+            seen.add(key)
+            record = self.records.get(key)
+            if record is None:
+                record = self._new_record(key, leaf, func, label or str(index - 1))
+            records.append(record)
+        return records
+
+    def _new_record(self, key, tensor, func, label) -> StorageRecord:
+        owned = self.owners.by_key.get(key)
+        if owned is not None:
+            tensor_id, kind = owned
+        else:
+            tensor_id, kind = self._birth_name(func, label), self._birth_kind()
+        record = StorageRecord(key, tensor_id, kind, tensor, StorageWeakRef(tensor.untyped_storage()),
+                               self.iteration, self.kernel - 1)
+        self.records[key] = record
+        return record
+
+    def _birth_name(self, func, label) -> str:
+        scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if self.phase() == Phase.backward else "")
+        op = func.overloadpacket.__name__
+        base = f"{scope}/{op}.{label}"
+        occurrence = self.occurrences.get(base, 0)
+        self.occurrences[base] = occurrence + 1
+        return f"{base}#{occurrence}"
+
+    def _birth_kind(self) -> Kind:
+        return Kind.activation if self.phase() == Phase.forward else Kind.other
+
+    def forget_expired(self) -> list[StorageRecord]:
+        """Drop records of freed storages; returns them (the profiler timestamps their death)."""
+        dead = [r for r in self.records.values() if r.ref.expired()]
+        for record in dead:
+            del self.records[record.key]
+        return dead
+
+
+def teraio_step() -> None:
+    """Explicit iteration marker for loops that have no torch optimizer."""
+    walk = _active_walk()
+    if walk is not None:
+        walk.end_iteration()
+
+
+_ACTIVE: list[OpWalk] = []
+
+
+def _active_walk() -> OpWalk | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def activate(walk: OpWalk) -> None:
+    """Install the hooks and push the mode for the rest of the process (or until deactivate)."""
+    walk.install_hooks()
+    walk.__enter__()
+    _ACTIVE.append(walk)
+
+
+def deactivate(walk: OpWalk) -> None:
+    if walk in _ACTIVE:
+        _ACTIVE.remove(walk)
+        walk.__exit__(None, None, None)
+        walk.remove_hooks()

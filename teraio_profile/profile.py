@@ -1,0 +1,54 @@
+"""`teraio profile`: run the command with the profiler injected and collect the traces."""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from teraio.errors import ScriptError, UsageError
+from teraio.launch import resolve_command, run_command
+from teraio.settings import Settings
+
+
+def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int,
+            run_to_completion: bool = False, device: str = "auto") -> list[Path]:
+    """Profile the job; returns the trace paths written (one per rank)."""
+    if warmup < 0 or iterations < 1:
+        raise UsageError("--warmup must be 0 or more and --iterations at least 1")
+    command = resolve_command(argv)
+    trace_out = Path(trace_out).resolve()
+    _check_writable(trace_out)
+    with tempfile.TemporaryDirectory(prefix="teraio-profile-") as status_dir:
+        settings = Settings(mode="profile", device=device, command=list(argv), status_dir=status_dir,
+                            trace_out=str(trace_out), warmup=warmup, iterations=iterations,
+                            run_to_completion=run_to_completion)
+        returncode = run_command(command, settings)
+        statuses = _read_statuses(Path(status_dir))
+    return _traces_or_error(argv, returncode, statuses, warmup + iterations)
+
+
+def _check_writable(path: Path) -> None:
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write {path}: folder {path.parent} does not exist; create it or change -o")
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"cannot write {path}: folder {path.parent} is not writable; change -o")
+
+
+def _read_statuses(status_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(status_dir.glob("status.*.json"))]
+
+
+def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -> list[Path]:
+    traces = sorted(Path(s["trace"]) for s in statuses if s.get("trace"))
+    if traces and returncode == 0:
+        return traces
+    script = Path(argv[0]).name
+    if returncode != 0:
+        raise ScriptError(f"{script} exited with code {returncode} before the profile was complete; "
+                          "fix the error shown above and profile again")
+    steps = max((s["iterations"] for s in statuses), default=0)
+    if steps == 0:
+        raise ScriptError(f"{script} finished without an optimizer step: profile a script that trains, "
+                          "or mark each iteration with teraio.walk.teraio_step()")
+    raise ScriptError(f"{script} finished after {steps} iteration(s), but the profile needs {needed} "
+                      "(warm-up + profiled): train for more steps or lower --warmup/--iterations")

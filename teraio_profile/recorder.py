@@ -1,0 +1,203 @@
+"""Records the trace of a steady-state iteration while the user's script trains.
+
+Iterations 0 .. warmup-1 are skipped (AdamW makes its state in the first step; allocator
+caches warm up). Iteration `warmup` is the recorded window: every kernel and every storage
+it touches. Iterations warmup+1 .. warmup+iterations-1 only time their kernels (the trace
+keeps the median) and watch the window's tensors die (a gradient freed by the next
+zero_grad dies in the following iteration).
+"""
+
+import time
+
+import numpy as np
+import torch
+
+from teraio.formats.trace import Kind
+from teraio.walk import StorageRecord, WalkListener
+
+NOT_FREED = -1
+
+
+class _TensorLife:
+    """Lifetime of one storage relative to the window iteration."""
+
+    __slots__ = ("record", "uses", "born", "freed")
+
+    def __init__(self, record: StorageRecord, born: int):
+        self.record = record
+        self.uses: list[int] = []
+        self.born = born          # kernel in the window; -1 if born before it
+        self.freed = NOT_FREED    # absolute kernel count from window start; -1 if alive at end
+
+
+class _Clock:
+    """Per-kernel durations: CUDA events on GPU (queued, read at iteration end), else monotonic."""
+
+    def __init__(self, device_type: str):
+        self.cuda = device_type == "cuda"
+        self._pending: list[tuple] = []
+        self._t0 = 0
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        self._t0 = time.perf_counter_ns()
+        return None
+
+    def stop(self, start_event) -> float | None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((start_event, end))
+            return None
+        return (time.perf_counter_ns() - self._t0) / 1e3
+
+    def collect_us(self) -> list[float]:
+        """Durations of the CUDA kernels queued since the last call (waits for them)."""
+        if not self._pending:
+            return []
+        self._pending[-1][1].synchronize()
+        durations = [start.elapsed_time(end) * 1e3 for start, end in self._pending]
+        self._pending = []
+        return durations
+
+
+class TraceRecorder(WalkListener):
+    """Collects kernels and tensor lifetimes; `finished` turns true after the last iteration."""
+
+    def __init__(self, walk_device_type: str, warmup: int, iterations: int):
+        self.device_type = walk_device_type
+        self.warmup = warmup
+        self.iterations = iterations
+        self.clock = _Clock(walk_device_type)
+        self.iteration = 0
+        self.lives: dict[int, _TensorLife] = {}  # storage key -> life, window tensors only
+        self.mortal: list[_TensorLife] = []      # not yet seen freed
+        self.window_ops: list = []
+        self.window_phase: list[int] = []
+        self.signatures: list[list[int]] = []    # per profiled iteration
+        self.durations_us: list[list[float]] = []
+        self.device_bytes: list[int] = []
+        self.iteration_ms: list[float] = []
+        self.walk = None                         # set by the agent
+        self._cur_sig: list[int] = []
+        self._cur_us: list[float] = []
+        self._event = None
+        self._iteration_t0 = time.perf_counter()
+        self.finished = False
+        self.kernels_in_window = 0
+
+    @property
+    def recording(self) -> bool:
+        return self.warmup <= self.iteration < self.warmup + self.iterations
+
+    def before_op(self, k, func, inputs):
+        if self.recording:
+            self._event = self.clock.start()
+
+    def after_op(self, k, func, inputs, new, signature):
+        if not self.recording:
+            return
+        duration = self.clock.stop(self._event)
+        if duration is not None:
+            self._cur_us.append(duration)
+        self._cur_sig.append(signature)
+        if self.iteration == self.warmup:
+            self._record_window_op(k, func, inputs, new)
+        self._note_deaths(k)
+
+    def _record_window_op(self, k, func, inputs, new):
+        self.window_ops.append(func.overloadpacket.__name__)
+        self.window_phase.append(int(self.walk.phase()))
+        if self.device_type == "cuda":
+            self.device_bytes.append(torch.cuda.memory_allocated())
+        for record in inputs + new:
+            life = self.lives.get(record.key)
+            if life is None:
+                born = k if record.born_iteration == self.iteration else -1
+                life = self.lives[record.key] = _TensorLife(record, born)
+                self.mortal.append(life)
+            life.uses.append(k)
+
+    def _note_deaths(self, k):
+        if not self.mortal:
+            return
+        offset = (self.iteration - self.warmup) * self.kernels_in_window if self.iteration > self.warmup else 0
+        still = []
+        for life in self.mortal:
+            if life.record.ref.expired():
+                life.freed = offset + k
+            else:
+                still.append(life)
+        self.mortal = still
+
+    def on_iteration_end(self, iteration, num_kernels):
+        if self.recording:
+            self._cur_us.extend(self.clock.collect_us())
+            self.signatures.append(self._cur_sig)
+            self.durations_us.append(self._cur_us)
+            now = time.perf_counter()
+            self.iteration_ms.append((now - self._iteration_t0) * 1e3)
+            if iteration == self.warmup:
+                self.kernels_in_window = num_kernels
+        self._cur_sig, self._cur_us = [], []
+        self._iteration_t0 = time.perf_counter()
+        self.iteration = iteration + 1
+        self.finished = self.iteration >= self.warmup + self.iterations
+
+    # ----- assembling the tables -----------------------------------------------------------
+    def steady(self) -> bool:
+        return all(sig == self.signatures[0] for sig in self.signatures)
+
+    def kernel_columns(self) -> dict:
+        op_names = sorted(set(self.window_ops))
+        index = {name: i for i, name in enumerate(op_names)}
+        num_k = self.kernels_in_window
+        durations = np.median(np.asarray(self.durations_us, dtype=np.float64), axis=0)
+        return {
+            "op_names": op_names,
+            "op": [index[name] for name in self.window_ops],
+            "phase": self.window_phase,
+            "duration_us": [round(float(d), 3) for d in durations],
+            "device_bytes": self.device_bytes or [-1] * num_k,
+            "signature": self.signatures[0],
+        }
+
+    def tensor_columns(self) -> dict:
+        num_k = self.kernels_in_window
+        lives = sorted(self._kept_lives(), key=lambda life: (life.uses[0], life.record.id))
+        cols = {key: [] for key in ("id", "name", "kind", "nbytes", "dtype", "shape", "born", "freed")}
+        offsets, uses = [0], []
+        for life in lives:
+            record = life.record
+            born, freed = self._lifetime(life, num_k)
+            for key, value in (("id", record.id), ("name", record.name), ("kind", int(record.kind)),
+                               ("nbytes", record.nbytes), ("dtype", record.dtype), ("shape", record.shape),
+                               ("born", born), ("freed", freed)):
+                cols[key].append(value)
+            uses.extend(life.uses)
+            offsets.append(len(uses))
+        cols["use_offsets"], cols["use_kernels"] = offsets, uses
+        return cols
+
+    def _kept_lives(self):
+        """Window tensors, minus carry-ins from warm-up that die inside the window: their
+        steady-state twin is the same tensor born in the window and dying after it."""
+        return [life for life in self.lives.values() if not (life.born < 0 and life.freed != NOT_FREED)]
+
+    @staticmethod
+    def _lifetime(life: _TensorLife, num_k: int) -> tuple[int, int]:
+        if life.born < 0:
+            return -1, -1
+        if life.freed == NOT_FREED:
+            return life.born, life.born + num_k  # outlived the profile: assume its twin replaces it
+        return life.born, max(life.freed, life.born + 1)
+
+    def live_kinds(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for life in self._kept_lives():
+            name = Kind(life.record.kind).name
+            counts[name] = counts.get(name, 0) + 1
+        return counts
