@@ -1,0 +1,141 @@
+"""`teraio plan TRACE...`: make the migration plan for each rank's trace and summarise it."""
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from teraio.commands.options import SIZE, json_flag
+from teraio.errors import UsageError
+from teraio.formats.plan import save_plan
+from teraio.formats.trace import Trace, load_trace
+from teraio.units import format_bytes, format_ms
+from teraio_plan import PlanOutcome, make_plan_outcome, planner_inputs, sweep
+from teraio_plan.make import (
+    DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS, DEFAULT_SSD_READ_GBPS, DEFAULT_SSD_WRITE_GBPS,
+)
+
+console = Console(highlight=False)
+
+
+def default_output(trace_path: Path) -> Path:
+    """trace.msgpack -> trace.plan.json, trace.rank1.msgpack -> trace.rank1.plan.json."""
+    name = trace_path.name
+    stem = name[: -len(".msgpack")] if name.endswith(".msgpack") else name
+    return trace_path.with_name(stem + ".plan.json")
+
+
+@click.command("plan")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Plan file (one trace only). [default: TRACE with .plan.json]")
+@click.option("--gpu-mem", type=SIZE, default=None, help="Device memory budget. [default: the trace's device capacity; required for CPU traces]")
+@click.option("--ssds", "num_ssds", type=int, default=1, show_default=True, help="NVMe drives to stripe over (0 = host tier only).")
+@click.option("--ssd-read-gbps", type=float, default=DEFAULT_SSD_READ_GBPS, show_default=True, help="Read bandwidth of one SSD, GB/s.")
+@click.option("--ssd-write-gbps", type=float, default=DEFAULT_SSD_WRITE_GBPS, show_default=True, help="Write bandwidth of one SSD, GB/s.")
+@click.option("--host-mem", type=SIZE, default=0, help="Pinned host pool cap (0 = SSD only). [default: 0]")
+@click.option("--host-gbps", type=float, default=DEFAULT_HOST_GBPS, show_default=True, help="Device<->host bandwidth per direction, GB/s.")
+@click.option("--pcie-gbps", type=float, default=DEFAULT_PCIE_GBPS, show_default=True, help="Device link per direction, shared by SSD and host traffic, GB/s.")
+@click.option("--headroom", type=SIZE, default=0, help="Extra bytes to keep free beyond what the trace tracks. [default: 0]")
+@click.option("--sweep", "do_sweep", is_flag=True, help="Print throughput against migration bandwidth (0-64 GB/s); write no plan.")
+@json_flag
+def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, host_mem, host_gbps,
+            pcie_gbps, headroom, do_sweep, as_json):
+    """Plan which idle tensors leave the device, when, to SSD or host, and when they come back.
+
+    \b
+    teraio plan trace.msgpack --gpu-mem 40GiB --ssds 2 --host-mem 64GiB
+    teraio plan trace.rank0.msgpack trace.rank1.msgpack --ssds 4     (one plan per rank)
+    teraio plan trace.msgpack --ssds 4 --sweep
+    """
+    if output is not None and len(traces) > 1:
+        raise UsageError("-o names one plan file, but several traces were given: drop -o to write TRACE.plan.json for each")
+    options = dict(gpu_mem_bytes=gpu_mem, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
+                   ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem, host_gbps=host_gbps,
+                   pcie_gbps=pcie_gbps, headroom_bytes=headroom)
+    # Every file and option is checked before any work, so a mistake writes nothing.
+    jobs = [(path, trace, planner_inputs(trace, **options)) for path, trace in
+            ((path, load_trace(path)) for path in traces)]
+    reports = []
+    for path, trace, inputs in jobs:
+        if do_sweep:
+            reports.append(_sweep_one(path, trace, inputs, as_json))
+        else:
+            reports.append(_plan_one(path, trace, inputs, output or default_output(path), as_json))
+    if as_json:
+        click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, sort_keys=True))
+
+
+def _with_progress(label: str, work):
+    """Run work(progress_callback) under a transient rich progress bar on stderr."""
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=1.0)
+        return work(lambda fraction: bar.update(task, completed=fraction))
+
+
+def _plan_one(path: Path, trace: Trace, inputs, out_path: Path, as_json: bool) -> dict:
+    outcome = _with_progress(f"planning {path.name}", lambda cb: make_plan_outcome(trace, inputs, cb))
+    save_plan(outcome.plan, out_path)
+    summary = plan_summary(outcome, trace, out_path)
+    if not as_json:
+        _print_summary(summary)
+    return summary
+
+
+def plan_summary(outcome: PlanOutcome, trace: Trace, out_path: Path) -> dict:
+    pred, sim = outcome.plan.header.prediction, outcome.simulation
+    worst = sim.worst_kernel
+    return {
+        "trace": trace.header.op_digest, "plan": str(out_path), "rank": trace.header.rank,
+        "num_entries": len(outcome.plan.entries), "budget_bytes": outcome.plan.header.inputs.budget_bytes,
+        "offload_bytes_by_tier": pred.offload_bytes_by_tier,
+        "predicted_iteration_ms": pred.iteration_ms, "ideal_iteration_ms": pred.ideal_iteration_ms,
+        "share_of_ideal": pred.share_of_ideal, "stall_ms": pred.stall_ms,
+        "predicted_peak_bytes": pred.peak_bytes, "peak_bytes_without_plan": pred.peak_bytes_without_plan,
+        "ssd_write_bytes_per_iteration": pred.ssd_write_bytes_per_iteration,
+        "host_pool_bytes": pred.host_pool_bytes, "fits": pred.fits,
+        "over_budget_kernels": pred.over_budget_kernels, "max_excess_bytes": pred.max_excess_bytes,
+        "worst_kernel": worst if not pred.fits else None,
+        "worst_op": trace.op_name(worst) if not pred.fits and trace.num_kernels else None,
+    }
+
+
+def _print_summary(s: dict) -> None:
+    table = Table(title=f"plan {s['plan']}", show_header=False, title_justify="left")
+    tiers = s["offload_bytes_by_tier"]
+    rows = [
+        ("entries", str(s["num_entries"])),
+        ("offloaded per iteration", f"ssd {format_bytes(tiers['ssd'])}, host {format_bytes(tiers['host'])}"),
+        ("iteration", f"{format_ms(s['predicted_iteration_ms'])} predicted, {format_ms(s['ideal_iteration_ms'])} ideal "
+                      f"({s['share_of_ideal']:.1%}), stalls {format_ms(s['stall_ms'])}"),
+        ("peak", f"{format_bytes(s['predicted_peak_bytes'])} of budget {format_bytes(s['budget_bytes'])} "
+                 f"(without plan {format_bytes(s['peak_bytes_without_plan'])})"),
+        ("SSD writes per iteration", format_bytes(s["ssd_write_bytes_per_iteration"])),
+        ("host pool", format_bytes(s["host_pool_bytes"])),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if not s["fits"]:
+        console.print(
+            f"[bold yellow]does not fit:[/] over budget at {s['over_budget_kernels']} kernels, worst at kernel "
+            f"{s['worst_kernel']} ({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; "
+            "add SSDs, a host pool (--host-mem) or a larger --gpu-mem")
+
+
+def _sweep_one(path: Path, trace: Trace, inputs, as_json: bool) -> dict:
+    points = _with_progress(f"sweeping {path.name}", lambda cb: sweep(trace, inputs, progress=cb))
+    rows = [{"bw_gbps": p.bw_gbps, "share_of_ideal": p.share_of_ideal, "iteration_ms": p.iteration_ms,
+             "stall_ms": p.stall_ms, "peak_bytes": p.peak_bytes, "fits": p.fits} for p in points]
+    if not as_json:
+        table = Table(title=f"roofline for {path.name} (budget {format_bytes(inputs.budget_bytes)})")
+        for col in ("GB/s per GPU", "share of ideal", "iteration", "stalls", "peak", "fits"):
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(f"{r['bw_gbps']:g}", f"{r['share_of_ideal']:.1%}", format_ms(r["iteration_ms"]),
+                          format_ms(r["stall_ms"]), format_bytes(r["peak_bytes"]), "yes" if r["fits"] else "no")
+        console.print(table)
+    return {"trace": str(path), "budget_bytes": inputs.budget_bytes, "sweep": rows}

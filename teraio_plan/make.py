@@ -1,0 +1,130 @@
+"""make_plan: checked inputs -> planner -> simulator -> a Plan with its prediction."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from teraio import __version__
+from teraio.errors import PlanError, UsageError
+from teraio.formats.common import Producer
+from teraio.formats.plan import Plan, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
+from teraio.formats.trace import Trace
+from teraio.units import format_bytes
+from teraio_plan.memory import min_required_bytes
+from teraio_plan.planner import PlannerResult, plan_entries
+from teraio_plan.simulator import SimResult, simulate
+
+# Defaults for the user's machine: one PCIe 4 NVMe drive and a PCIe Gen5 x16 link.
+DEFAULT_SSD_READ_GBPS = 6.7
+DEFAULT_SSD_WRITE_GBPS = 6.5
+DEFAULT_HOST_GBPS = 55.0
+DEFAULT_PCIE_GBPS = 55.0
+# Submission plus completion of one NVMe / cudaMemcpyAsync transfer, rounded up.
+DEFAULT_LATENCY_US = 20.0
+
+
+@dataclass
+class PlanOutcome:
+    """A plan and what stands behind it: the planner's memory curve and the replay."""
+
+    plan: Plan
+    planner: PlannerResult
+    simulation: SimResult
+
+
+def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int = 1,
+                   ssd_read_gbps: float = DEFAULT_SSD_READ_GBPS,
+                   ssd_write_gbps: float = DEFAULT_SSD_WRITE_GBPS, host_mem_bytes: int = 0,
+                   host_gbps: float = DEFAULT_HOST_GBPS, pcie_gbps: float = DEFAULT_PCIE_GBPS,
+                   headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US) -> PlannerInputs:
+    """PlannerInputs from user options, with every mistake a UsageError that says what to do."""
+    budget = _budget(trace, gpu_mem_bytes)
+    _check_counts(num_ssds, host_mem_bytes, headroom_bytes, latency_us)
+    for name, gbps in (("--ssd-read-gbps", ssd_read_gbps), ("--ssd-write-gbps", ssd_write_gbps),
+                       ("--host-gbps", host_gbps), ("--pcie-gbps", pcie_gbps)):
+        if not gbps > 0:
+            raise UsageError(f"{name} is {gbps}: give a bandwidth above 0 GB/s")
+    return PlannerInputs(
+        budget_bytes=budget, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
+        ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem_bytes, host_gbps=host_gbps,
+        pcie_gbps=pcie_gbps, headroom_bytes=headroom_bytes, latency_us=latency_us,
+    )
+
+
+def _budget(trace: Trace, gpu_mem_bytes: int | None) -> int:
+    if gpu_mem_bytes is None:
+        gpu_mem_bytes = trace.header.device.capacity_bytes
+        if gpu_mem_bytes is None:
+            raise UsageError(
+                f"the trace was profiled on {trace.header.device.type} ({trace.header.device.name}), "
+                "which has no device capacity: give the memory to plan for with --gpu-mem, e.g. --gpu-mem 40GiB")
+    if gpu_mem_bytes <= 0:
+        raise UsageError(f"--gpu-mem is {gpu_mem_bytes} bytes: give a size above 0, e.g. 40GiB")
+    return int(gpu_mem_bytes)
+
+
+def _check_counts(num_ssds: int, host_mem_bytes: int, headroom_bytes: int, latency_us: float) -> None:
+    if num_ssds < 0:
+        raise UsageError(f"--ssds is {num_ssds}: give 0 or more SSDs")
+    if host_mem_bytes < 0 or headroom_bytes < 0:
+        raise UsageError("--host-mem and --headroom must be 0 or more")
+    if num_ssds == 0 and host_mem_bytes == 0:
+        raise UsageError("nowhere to offload to: give --ssds N (N >= 1) or a host pool with --host-mem SIZE")
+    if latency_us < 0:
+        raise UsageError(f"latency {latency_us} us is negative: give 0 or more")
+
+
+def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
+    """PlanError when even a perfect plan cannot fit one kernel's working set in the budget."""
+    need, k = min_required_bytes(trace, inputs.headroom_bytes)
+    if inputs.budget_bytes < need:
+        op = trace.op_name(k) if trace.num_kernels else "-"
+        raise PlanError(
+            f"no plan can work: kernel {k} ({op}) alone needs {format_bytes(need)} ({need} bytes) "
+            f"on the device with what can never move, but the budget is "
+            f"{format_bytes(inputs.budget_bytes)}: give --gpu-mem of at least {need}")
+
+
+def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
+                      progress: Callable[[float], None] | None = None) -> PlanOutcome:
+    check_budget(trace, inputs)
+    result = plan_entries(trace, inputs, progress)
+    plan = assemble_plan(trace, inputs, result, None)
+    sim = simulate(trace, plan)
+    return PlanOutcome(assemble_plan(trace, inputs, result, sim), result, sim)
+
+
+def make_plan(trace: Trace, inputs: PlannerInputs,
+              progress: Callable[[float], None] | None = None) -> Plan:
+    """The plan for this trace and these inputs; same inputs, same plan (byte for byte on save)."""
+    return make_plan_outcome(trace, inputs, progress).plan
+
+
+def assemble_plan(trace: Trace, inputs: PlannerInputs, result: PlannerResult, sim: SimResult | None) -> Plan:
+    h = trace.header
+    header = PlanHeader(
+        producer=Producer(teraio=__version__),
+        trace=TraceRef(op_digest=h.op_digest, num_kernels=h.num_kernels, rank=h.rank,
+                       world_size=h.world_size, device=h.device.name),
+        inputs=inputs, prediction=_prediction(result, sim),
+    )
+    return Plan(header=header, entries=sort_entries(result.entries))
+
+
+def _prediction(result: PlannerResult, sim: SimResult | None) -> Prediction:
+    by_tier = {"host": 0, "ssd": 0}
+    for entry in result.entries:
+        by_tier[entry.tier] += entry.nbytes
+    before = int(result.memory_before_bytes.max()) if len(result.memory_before_bytes) else 0
+    if sim is None:  # placeholder while the simulator replays the plan
+        return Prediction(iteration_ms=0.0, ideal_iteration_ms=0.0, share_of_ideal=0.0, stall_ms=0.0,
+                          peak_bytes=0, peak_bytes_without_plan=before, fits=False, over_budget_kernels=0,
+                          max_excess_bytes=0, ssd_write_bytes_per_iteration=0, host_pool_bytes=0,
+                          offload_bytes_by_tier=by_tier)
+    return Prediction(
+        iteration_ms=sim.iteration_ms, ideal_iteration_ms=sim.ideal_iteration_ms,
+        share_of_ideal=sim.share_of_ideal, stall_ms=sim.stall_ms, peak_bytes=sim.peak_bytes,
+        peak_bytes_without_plan=before, fits=sim.max_excess_bytes == 0,
+        over_budget_kernels=sim.over_budget_kernels, max_excess_bytes=sim.max_excess_bytes,
+        ssd_write_bytes_per_iteration=by_tier["ssd"], host_pool_bytes=result.host_pool_bytes,
+        offload_bytes_by_tier=by_tier,
+    )

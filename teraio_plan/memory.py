@@ -1,0 +1,56 @@
+"""Device memory per kernel with nothing offloaded, and the least any plan needs."""
+
+import numpy as np
+
+from teraio.formats.trace import Trace
+from teraio_plan.periods import CANDIDATE_KINDS
+
+
+def live_bytes(trace: Trace, mask: np.ndarray | None = None) -> np.ndarray:
+    """Tracked bytes held at each kernel (int64): globals always, intermediates over [born, freed).
+
+    The part of [born, freed) past the iteration end wraps to its start: in steady state the
+    previous iteration's copy is still alive there. A difference array: O(kernels + tensors).
+    """
+    num_k = trace.num_kernels
+    mask = np.ones(trace.num_tensors, dtype=bool) if mask is None else mask
+    is_global = (trace.born < 0) & mask
+    inter = (trace.born >= 0) & mask
+    born, freed, size = trace.born[inter], trace.freed[inter], trace.nbytes[inter]
+    diff = np.zeros(num_k + 1, dtype=np.int64)
+    np.add.at(diff, np.minimum(born, num_k), size)
+    np.add.at(diff, np.clip(freed, born, num_k), -size)
+    wrap = freed > num_k
+    np.add.at(diff, np.zeros(int(wrap.sum()), dtype=np.int64), size[wrap])
+    np.add.at(diff, np.minimum(freed[wrap] - num_k, num_k), -size[wrap])
+    return int(trace.nbytes[is_global].sum()) + np.cumsum(diff[:num_k])
+
+
+def memory_curve(trace: Trace, headroom_bytes: int) -> np.ndarray:
+    """M[k]: everything live at kernel k, plus what the trace could not track, plus headroom."""
+    return live_bytes(trace) + int(trace.header.untracked_bytes) + int(headroom_bytes)
+
+
+def used_bytes(trace: Trace, mask: np.ndarray) -> np.ndarray:
+    """Bytes of the distinct masked tensors each kernel touches (they must be on the device)."""
+    counts = np.diff(trace.use_offsets)
+    tensor = np.repeat(np.arange(trace.num_tensors), counts)
+    kernel = trace.use_kernels
+    pair = np.unique(tensor * max(trace.num_kernels, 1) + kernel)
+    tensor, kernel = pair // max(trace.num_kernels, 1), pair % max(trace.num_kernels, 1)
+    keep = mask[tensor]
+    return np.bincount(kernel[keep], weights=trace.nbytes[tensor[keep]], minlength=trace.num_kernels)
+
+
+def min_required_bytes(trace: Trace, headroom_bytes: int) -> tuple[int, int]:
+    """(bytes, kernel): the least device memory any plan needs, and the kernel that needs it.
+
+    Kernel k needs every tensor it touches, every storage we never move ('other') that is
+    live at k, and the untracked bytes plus headroom. No plan can go below the largest.
+    """
+    if trace.num_kernels == 0:
+        return int(trace.header.untracked_bytes) + int(headroom_bytes), 0
+    movable = np.isin(trace.kind, CANDIDATE_KINDS)
+    need = used_bytes(trace, movable) + live_bytes(trace, ~movable)
+    k = int(np.argmax(need))
+    return int(need[k]) + int(trace.header.untracked_bytes) + int(headroom_bytes), k

@@ -1,0 +1,103 @@
+"""Idle periods and the memory curve, computed from a trace with numpy (no per-record Python).
+
+Time is measured in kernel indices of one iteration (N kernels). A period runs from the kernel
+that last used a tensor (`start`) to the next kernel that uses it (`end`), both "unrolled":
+0 <= start < N and start < end <= start + N, so a period that crosses the iteration boundary
+(every global's last-use -> first-use gap, and an intermediate freed early in the next
+iteration) simply has end >= N. Kernel k of the next iteration is index k + N.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from teraio.formats.trace import Kind, Trace
+
+# 'other' storages (RNG state, scratch buffers we cannot name stably) are never moved.
+CANDIDATE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
+
+# Offload needs >= 1 kernel, the saved stretch >= 1, the prefetch >= 1: start + 4 <= end.
+MIN_GAP_KERNELS = 4
+
+
+@dataclass
+class Periods:
+    """One row per idle period, sorted by (tensor, start): plain arrays for the hot loop."""
+
+    tensor: np.ndarray      # int64, index into the trace's tensor columns
+    nbytes: np.ndarray      # int64
+    start: np.ndarray       # int64, last use before the period, in [0, N)
+    end: np.ndarray         # int64, next use, in (start + 3, start + N]
+    window_us: np.ndarray   # float64, kernel time strictly between start and end
+    num_kernels: int
+
+    def __len__(self) -> int:
+        return len(self.tensor)
+
+    def wraps(self) -> np.ndarray:
+        return self.end >= self.num_kernels
+
+
+def unrolled_prefix_us(duration_us: np.ndarray) -> np.ndarray:
+    """prefix[k] = time of kernels 0..k-1 over two iterations, so a window is one subtraction."""
+    return np.concatenate(([0.0], np.cumsum(np.tile(duration_us, 2))))
+
+
+def _use_points(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(tensor, unrolled kernel) for every use of a candidate tensor, plus intermediates' births."""
+    counts = np.diff(trace.use_offsets)
+    tensor = np.repeat(np.arange(trace.num_tensors, dtype=np.int64), counts)
+    kernel = trace.use_kernels.astype(np.int64)
+    born = trace.born
+    # An intermediate freed in the next iteration may be used there before its birth kernel.
+    kernel = np.where((born[tensor] >= 0) & (kernel < born[tensor]), kernel + trace.num_kernels, kernel)
+    inter = np.flatnonzero(born >= 0)
+    tensor = np.concatenate((tensor, inter))
+    kernel = np.concatenate((kernel, born[inter]))
+    keep = np.isin(trace.kind[tensor], CANDIDATE_KINDS) & _inside_lifetime(trace, tensor, kernel)
+    return tensor[keep], kernel[keep]
+
+
+def _inside_lifetime(trace: Trace, tensor: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    born, freed = trace.born[tensor], trace.freed[tensor]
+    return (born < 0) | ((kernel >= born) & (kernel < np.maximum(freed, born + 1)))
+
+
+def _sorted_unique(tensor: np.ndarray, kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.lexsort((kernel, tensor))
+    tensor, kernel = tensor[order], kernel[order]
+    fresh = np.ones(len(tensor), dtype=bool)
+    fresh[1:] = (tensor[1:] != tensor[:-1]) | (kernel[1:] != kernel[:-1])
+    return tensor[fresh], kernel[fresh]
+
+
+def _gaps(tensor: np.ndarray, kernel: np.ndarray, is_global: np.ndarray, num_k: int):
+    """Consecutive-use gaps of each tensor, plus the wrap-around gap of each global."""
+    same = tensor[1:] == tensor[:-1]
+    t_in, a_in, e_in = tensor[:-1][same], kernel[:-1][same], kernel[1:][same]
+    last = np.ones(len(tensor), dtype=bool)
+    last[:-1] = ~same
+    first = np.ones(len(tensor), dtype=bool)
+    first[1:] = ~same
+    wrap_t = tensor[last]
+    wrap_mask = is_global[wrap_t]
+    t_wr = wrap_t[wrap_mask]
+    a_wr = kernel[last][wrap_mask]
+    e_wr = kernel[first][wrap_mask] + num_k
+    return np.concatenate((t_in, t_wr)), np.concatenate((a_in, a_wr)), np.concatenate((e_in, e_wr))
+
+
+def find_periods(trace: Trace, prefix_us: np.ndarray | None = None) -> Periods:
+    num_k = trace.num_kernels
+    tensor, kernel = _sorted_unique(*_use_points(trace))
+    t, a, e = _gaps(tensor, kernel, trace.born < 0, num_k)
+    # An intermediate whose uses all sit past the boundary starts there: fold back into [0, N).
+    shift = (a // num_k) * num_k if num_k else 0
+    a, e = a - shift, e - shift
+    keep = (e - a) >= MIN_GAP_KERNELS
+    t, a, e = t[keep], a[keep], e[keep]
+    order = np.lexsort((a, t))
+    t, a, e = t[order], a[order], e[order]
+    prefix_us = unrolled_prefix_us(trace.duration_us) if prefix_us is None else prefix_us
+    window_us = prefix_us[e] - prefix_us[a + 1]
+    return Periods(t, trace.nbytes[t].astype(np.int64), a, e, window_us, num_k)

@@ -1,0 +1,232 @@
+"""The greedy planner: PAPER.md's Algorithm 1 with ledgers, two tiers and lazy re-evaluation.
+
+Note [Lazy greedy]
+    Each pick wants the idle period with the largest benefit per byte. A period's benefit can
+    only fall as planning goes on: memory only drops (less excess to relieve) and ledgers only
+    fill (the offload finishes later, the prefetch must start earlier). So a value computed
+    earlier is an upper bound of the value now, and a max-heap of stale values is enough: pop
+    the top, recompute it, take it if it still beats the next stale value, else push it back.
+    This picks exactly what rescanning every period would (up to the SSD/host tie rule), while
+    most periods are evaluated once. Initial keys come from prefix sums for all periods at once.
+"""
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from teraio.formats.plan import PlanEntry, PlannerInputs
+from teraio.formats.trace import Kind, Trace
+from teraio_plan import ledger
+from teraio_plan.bandwidth import IN_PATH, OUT_PATH, TIERS, Rates, rates
+from teraio_plan.memory import memory_curve
+from teraio_plan.periods import Periods, find_periods, unrolled_prefix_us
+
+# SSD first (the pinned pool is scarce and shared with the host's own work): keep the SSD
+# unless it would relieve less than this share of what the host tier would.
+SSD_PREFERENCE = 0.8
+PROGRESS_EVERY_PICKS = 64
+
+
+@dataclass
+class Choice:
+    tier: str
+    per_byte_us: float  # benefit per byte: us of over-budget time relieved, weighted by excess
+    offload_by: int
+    prefetch_at: int
+    why: str
+
+
+@dataclass
+class PlannerResult:
+    entries: list[PlanEntry]
+    memory_bytes: np.ndarray      # M[k] after the plan, one per kernel (planner's claim)
+    memory_before_bytes: np.ndarray
+    host_pool_bytes: int
+    ledgers: dict[str, np.ndarray]  # residual bytes per kernel slot, per path
+    capacity: dict[str, np.ndarray]
+
+
+class _Planner:
+    def __init__(self, trace: Trace, inputs: PlannerInputs):
+        self.trace, self.inputs, self.rates = trace, inputs, rates(inputs)
+        self.num_k = trace.num_kernels
+        self.budget = inputs.budget_bytes
+        self.tau2 = np.tile(trace.duration_us.astype(np.float64), 2)
+        self.prefix_us = unrolled_prefix_us(trace.duration_us)
+        self.periods = find_periods(trace, self.prefix_us)
+        self.m0 = memory_curve(trace, inputs.headroom_bytes)
+        self.m2 = np.tile(self.m0, 2)
+        self.host_occ2 = np.zeros(2 * self.num_k, dtype=np.int64)
+        self.capacity = {p: self.tau2 * self.rates.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
+        self.ledgers = {p: c.copy() for p, c in self.capacity.items()}
+        self.tiers = [t for t in TIERS if self._tier_on(t)]
+
+    def _tier_on(self, tier: str) -> bool:
+        return self.rates.peak(tier, True) > 0 and self.rates.peak(tier, False) > 0
+
+    # --- the candidates that could ever help, and their first upper bounds (vectorized)
+
+    def initial_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """(period indices, upper bound of benefit per byte) for every period some tier can carry."""
+        over = np.concatenate(([0.0], np.cumsum(self.tau2 * (self.m2 > self.budget))))
+        best = np.zeros(len(self.periods))
+        for tier in self.tiers:
+            best = np.maximum(best, self._tier_bound(tier, over))
+        keep = np.flatnonzero(best > 0)
+        return keep, best[keep]
+
+    def _tier_bound(self, tier: str, over_prefix: np.ndarray) -> np.ndarray:
+        p = self.periods
+        t_off = _first_done(self._cap_prefix(tier, True), p.start + 1, p.nbytes)
+        t_pre = _last_start(self._cap_prefix(tier, False), p.end, p.nbytes)
+        ok = (t_pre - t_off >= 2) & self._fits_latency(tier, p)
+        if tier == "host":
+            ok &= p.nbytes <= self.inputs.host_mem_bytes
+        lo, hi = np.clip(t_off + 1, 0, 2 * self.num_k), np.clip(t_pre, 0, 2 * self.num_k)
+        return np.where(ok, over_prefix[np.maximum(hi, lo)] - over_prefix[lo], 0.0)
+
+    def _cap_prefix(self, tier: str, outbound: bool) -> np.ndarray:
+        path = OUT_PATH[tier] if outbound else IN_PATH[tier]
+        link = "out" if outbound else "in"
+        cap = np.minimum(self.capacity[path], self.capacity[link])
+        return np.concatenate(([0.0], np.cumsum(cap)))
+
+    def _fits_latency(self, tier: str, p: Periods) -> np.ndarray:
+        """Windows shorter than both copies at full rate plus two latencies are never candidates."""
+        round_trip_us = p.nbytes / self.rates.peak(tier, True) + p.nbytes / self.rates.peak(tier, False)
+        return p.window_us > round_trip_us + 2 * self.inputs.latency_us
+
+    # --- exact evaluation of one period against the current ledgers and memory
+
+    def evaluate(self, i: int) -> Choice | None:
+        found = {t: self._evaluate_tier(i, t) for t in self.tiers}
+        ssd, host = found.get("ssd"), found.get("host")
+        if ssd is not None and (host is None or ssd.per_byte_us >= SSD_PREFERENCE * host.per_byte_us):
+            ssd.why = "ssd first" if host is None else "ssd first (host would gain little more)"
+            return ssd
+        if host is not None:
+            host.why = "host: ssd path full in this window" if ssd is None else (
+                f"host: ssd would relieve only {ssd.per_byte_us / host.per_byte_us:.0%} as much")
+            return host
+        return None
+
+    def _evaluate_tier(self, i: int, tier: str) -> Choice | None:
+        p, s = self.periods, int(self.periods.nbytes[i])
+        a, e = int(p.start[i]), int(p.end[i])
+        if tier == "host" and self.host_occ2[a + 1:e].max() + s > self.inputs.host_mem_bytes:
+            return None
+        if not self._fits_latency_one(tier, i):
+            return None
+        led = self.ledgers
+        t_off = ledger.walk_forward(led[OUT_PATH[tier]], led["out"], a + 1, e, s)
+        if t_off < 0:
+            return None
+        t_pre = ledger.walk_backward(led[IN_PATH[tier]], led["in"], t_off + 1, e, s)
+        if t_pre < 0 or t_pre - t_off < 2:
+            return None
+        return Choice(tier, self._benefit_per_byte(t_off, t_pre, s), t_off, t_pre, "")
+
+    def _fits_latency_one(self, tier: str, i: int) -> bool:
+        s = float(self.periods.nbytes[i])
+        need = s / self.rates.peak(tier, True) + s / self.rates.peak(tier, False) + 2 * self.inputs.latency_us
+        return float(self.periods.window_us[i]) > need
+
+    def _benefit_per_byte(self, t_off: int, t_pre: int, nbytes: int) -> float:
+        """Over-budget time relieved, per byte, over the kernels the tensor is away (t_off, t_pre).
+
+        Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
+        away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size, which
+        favours big tensors over the long stretches where little is over budget.
+        """
+        excess = self.m2[t_off + 1:t_pre] - self.budget
+        relieved = np.minimum(np.maximum(excess, 0), nbytes)
+        return float(relieved @ self.tau2[t_off + 1:t_pre]) / nbytes
+
+    # --- taking a period
+
+    def accept(self, i: int, choice: Choice) -> PlanEntry:
+        p, s = self.periods, int(self.periods.nbytes[i])
+        a, e, tier = int(p.start[i]), int(p.end[i]), choice.tier
+        led = self.ledgers
+        ledger.reserve(led[OUT_PATH[tier]], led["out"], a + 1, choice.offload_by + 1, s, forward=True)
+        ledger.reserve(led[IN_PATH[tier]], led["in"], choice.prefetch_at, e, s, forward=False)
+        ledger.mirror_add(self.m2, choice.offload_by + 1, choice.prefetch_at, -s)
+        if tier == "host":
+            # The pool holds the bytes from the start of the copy-out to the end of the copy-in.
+            ledger.mirror_add(self.host_occ2, a + 1, e, s)
+        return self._entry(i, choice)
+
+    def _entry(self, i: int, c: Choice) -> PlanEntry:
+        p, t, n = self.periods, int(self.periods.tensor[i]), self.num_k
+        a, e = int(p.start[i]), int(p.end[i])
+        benefit_gib_ms = c.per_byte_us * int(p.nbytes[i]) / 2**30 / 1e3
+        reason = (f"idle {p.window_us[i] / 1e3:.3g} ms, away {self._away_ms(c):.3g} ms, "
+                  f"relieves {benefit_gib_ms:.3g} GiB*ms over budget; {c.why}")
+        return PlanEntry(
+            tensor=self.trace.tensor_id[t], name=self.trace.tensor_name[t],
+            kind=Kind(int(self.trace.kind[t])).name, nbytes=int(p.nbytes[i]), tier=c.tier,
+            offload_after=a % n, offload_by=c.offload_by % n, prefetch_at=c.prefetch_at % n,
+            needed_by=e % n, wraps=e >= n, reason=reason,
+        )
+
+    def _away_ms(self, c: Choice) -> float:
+        return float(self.prefix_us[c.prefetch_at] - self.prefix_us[c.offload_by + 1]) / 1e3
+
+    def peak(self) -> int:
+        return int(self.m2[:self.num_k].max()) if self.num_k else 0
+
+    def run(self, progress: Callable[[float], None] | None) -> list[PlanEntry]:
+        entries: list[PlanEntry] = []
+        first_excess = self.peak() - self.budget
+        if first_excess <= 0:
+            return entries
+        idx, keys = self.initial_keys()
+        heap = [(-float(k), int(i)) for k, i in zip(keys, idx)]
+        heapq.heapify(heap)
+        while heap:
+            _, i = heapq.heappop(heap)
+            choice = self.evaluate(i)
+            if choice is None or choice.per_byte_us <= 0:
+                continue  # values only fall (Note [Lazy greedy]): it will never help again
+            if heap and choice.per_byte_us < -heap[0][0]:
+                heapq.heappush(heap, (-choice.per_byte_us, i))
+                continue
+            entries.append(self.accept(i, choice))
+            if len(entries) % PROGRESS_EVERY_PICKS == 0 or not heap:
+                excess = self.peak() - self.budget
+                if excess <= 0:
+                    break
+                if progress is not None:
+                    progress(min(1.0, 1 - excess / first_excess))
+        return entries
+
+    def result(self, entries: list[PlanEntry]) -> PlannerResult:
+        n = self.num_k
+        return PlannerResult(
+            entries=entries, memory_bytes=self.m2[:n].copy(), memory_before_bytes=self.m0,
+            host_pool_bytes=int(self.host_occ2[:n].max()) if n else 0,
+            ledgers={k: v[:n].copy() for k, v in self.ledgers.items()},
+            capacity={k: v[:n].copy() for k, v in self.capacity.items()},
+        )
+
+
+def _first_done(cap_prefix: np.ndarray, lo: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Vectorized walk_forward on untouched ledgers: first j with cap[lo..j] >= nbytes."""
+    need = cap_prefix[lo] + nbytes * (1 - ledger.REL_EPS)
+    return np.searchsorted(cap_prefix, need, side="left") - 1
+
+
+def _last_start(cap_prefix: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Vectorized walk_backward on untouched ledgers: last i with cap[i..hi-1] >= nbytes."""
+    limit = cap_prefix[hi] - nbytes * (1 - ledger.REL_EPS)
+    return np.searchsorted(cap_prefix, limit, side="right") - 1
+
+
+def plan_entries(trace: Trace, inputs: PlannerInputs,
+                 progress: Callable[[float], None] | None = None) -> PlannerResult:
+    """Run the greedy planner; the caller checks inputs and wraps the result in a Plan."""
+    planner = _Planner(trace, inputs)
+    entries = planner.run(progress)
+    return planner.result(entries)

@@ -1,0 +1,329 @@
+"""Event-driven replay of one steady-state iteration under a plan and the bandwidth model.
+
+Kernels run back to back and take their profiled time. Transfers are fluid: whenever one is
+issued or finishes, rates are handed out again in priority order, each transfer taking
+min(its tier path, its direction's link) of what is left (Note [Bandwidth model]). Priority
+is earliest deadline first (an offload's offload_by, a prefetch's kernel before needed_by),
+and a prefetch whose kernel is waiting jumps every queue. Before each kernel:
+  1. prefetches planned there start (the device buffer is allocated now); one whose offload
+     is still running cancels it instead: the tensor never left;
+  2. the kernel waits (stall) for any of its tensors still in flight back;
+  3. while device memory is over what the plan promises for this kernel (the budget, or the
+     planner's own curve where it could not reach the budget) and an offload is still
+     running, it waits for it. Waiting beyond the promise would stall a plan that does not
+     fit at every kernel for no gain: the runtime falls back to on-demand eviction there.
+We replay two iterations and measure the second: the first one warms the wrap-around
+traffic (globals offloaded at the end of iteration i come back in iteration i+1).
+"""
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from teraio.formats.plan import Plan, PlannerInputs
+from teraio.formats.trace import Trace
+from teraio_plan.bandwidth import IN_PATH, OUT_PATH, rates
+from teraio_plan.memory import memory_curve
+
+URGENT = -1  # deadline key of a prefetch that a waiting kernel needs now
+_DONE_REL = 1e-9
+
+
+@dataclass(eq=False)
+class _Transfer:
+    nbytes: float
+    path: str
+    link: str
+    key: tuple
+    outbound: bool
+    remaining: float = 0.0
+    rate: float = 0.0
+    owner: "_Instance | None" = None
+    done: bool = False
+    cancelled: bool = False
+
+    def __post_init__(self):
+        self.remaining = float(self.nbytes)
+
+
+@dataclass
+class SimResult:
+    iteration_ms: float
+    ideal_iteration_ms: float
+    stall_ms: float
+    input_stalls: int           # kernels that waited for a tensor still coming back
+    memory_stalls: int          # kernels that waited for an offload to free memory
+    peak_bytes: int
+    budget_bytes: int
+    memory_bytes: np.ndarray    # per kernel, at its start, in the measured iteration
+    bytes_by_path: dict[str, int]
+    cancelled_offloads: int
+
+    @property
+    def share_of_ideal(self) -> float:
+        return self.ideal_iteration_ms / self.iteration_ms if self.iteration_ms > 0 else 1.0
+
+    @property
+    def over_budget_kernels(self) -> int:
+        return int((self.memory_bytes > self.budget_bytes).sum())
+
+    @property
+    def max_excess_bytes(self) -> int:
+        return max(0, self.peak_bytes - self.budget_bytes)
+
+    @property
+    def worst_kernel(self) -> int:
+        return int(np.argmax(self.memory_bytes)) if len(self.memory_bytes) else 0
+
+
+@dataclass
+class _Instance:
+    """One entry in one iteration: its offload and prefetch transfers."""
+
+    nbytes: int
+    tier: str
+    offload: _Transfer | None = None
+    prefetch: _Transfer | None = None
+    away: bool = False  # the device copy is freed
+
+
+@dataclass
+class _Events:
+    before: dict = field(default_factory=dict)   # kernel -> [("prefetch"|"need", inst, deadline)]
+    after: dict = field(default_factory=dict)    # kernel -> [(inst, deadline)]
+
+
+def _unroll(entry, num_k: int) -> tuple[int, int, int, int]:
+    a = entry.offload_after
+
+    def up(x: int) -> int:
+        return x + num_k if x <= a else x
+    return a, up(entry.offload_by), up(entry.prefetch_at), up(entry.needed_by)
+
+
+def planned_memory(m0: np.ndarray, plan: Plan) -> np.ndarray:
+    """The planner's claim: M[k] minus every tensor planned away over (offload_by, prefetch_at)."""
+    num_k = len(m0)
+    diff = np.zeros(2 * num_k + 1, dtype=np.int64)
+    for entry in plan.entries:
+        _, o, p, _ = _unroll(entry, num_k)
+        diff[o + 1] -= entry.nbytes
+        diff[p] += entry.nbytes
+    away = np.cumsum(diff[:2 * num_k])
+    return m0 + away[:num_k] + away[num_k:]
+
+
+class _Sim:
+    def __init__(self, trace: Trace, plan: Plan, inputs: PlannerInputs):
+        self.num_k = trace.num_kernels
+        self.tau = trace.duration_us.astype(np.float64)
+        self.m0 = memory_curve(trace, inputs.headroom_bytes)
+        self.budget = inputs.budget_bytes
+        self.allowed = np.maximum(planned_memory(self.m0, plan), self.budget)
+        r = rates(inputs)
+        self.path_rate = {p: r.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
+        self.clock = self.settled_at = 0.0
+        self.active: list[tuple] = []      # sorted (key, transfer)
+        self.running: list[_Transfer] = []
+        self.next_done = (np.inf, None)
+        self.offloaded_bytes = 0
+        self.seq = 0
+        self.events = self._schedule(plan)
+
+    # --- building the event lists
+
+    def _schedule(self, plan: Plan) -> _Events:
+        ev, n = _Events(), self.num_k
+        for entry in plan.entries:
+            a, o, p, e = _unroll(entry, n)
+            for it in (-1, 0, 1):
+                self._schedule_instance(ev, entry, (a, o, p, e), it * n)
+        return ev
+
+    def _schedule_instance(self, ev: _Events, entry, times, shift: int) -> None:
+        a, o, p, e = (t + shift for t in times)
+        end = 2 * self.num_k
+        if e < 0 or a >= end:
+            return
+        inst = _Instance(entry.nbytes, entry.tier)
+        if a < 0:  # offloaded in an iteration before the replay: assume it went as planned
+            if p < 0:
+                return
+            inst.away = True
+            self.offloaded_bytes += entry.nbytes
+        else:
+            ev.after.setdefault(a, []).append((inst, o))
+        if p < end:
+            ev.before.setdefault(p, []).append(("prefetch", inst, e - 1))
+        if e < end:
+            ev.before.setdefault(e, []).append(("need", inst, e - 1))
+
+    # --- transfers
+
+    def _issue(self, inst: "_Instance", outbound: bool, deadline: int) -> _Transfer:
+        path = OUT_PATH[inst.tier] if outbound else IN_PATH[inst.tier]
+        # EDF; at equal deadlines prefetches first, then issue order (deterministic).
+        self.seq += 1
+        key = (deadline, int(outbound), self.seq)
+        tr = _Transfer(inst.nbytes, path, "out" if outbound else "in", key, outbound, owner=inst)
+        self._settle(self.clock)
+        self._insert(tr)
+        self._assign_rates()
+        return tr
+
+    def _insert(self, tr: _Transfer) -> None:
+        bisect.insort(self.active, (tr.key, tr), key=lambda x: x[0])
+
+    def _remove(self, tr: _Transfer) -> None:
+        i = bisect.bisect_left(self.active, tr.key, key=lambda x: x[0])
+        assert self.active[i][1] is tr
+        del self.active[i]
+
+    def _assign_rates(self) -> None:
+        left = dict(self.path_rate)
+        self.running = []
+        for _, tr in self.active:
+            tr.rate = min(left[tr.path], left[tr.link])
+            if tr.rate > 0:
+                left[tr.path] -= tr.rate
+                left[tr.link] -= tr.rate
+                self.running.append(tr)
+            if left["out"] <= 0 and left["in"] <= 0:
+                break
+        self._next_completion()
+
+    def _next_completion(self) -> None:
+        best = (np.inf, None)
+        for tr in self.running:
+            t = self.settled_at + tr.remaining / tr.rate
+            if t < best[0]:
+                best = (t, tr)
+        self.next_done = best
+
+    def _settle(self, t: float) -> None:
+        dt = t - self.settled_at
+        if dt > 0:
+            for tr in self.running:
+                tr.remaining -= tr.rate * dt
+        self.settled_at = max(self.settled_at, t)
+
+    def _complete_due(self) -> None:
+        """Finish every transfer whose bytes are all moved at settled_at."""
+        finished = [tr for tr in self.running if tr.remaining <= _DONE_REL * tr.nbytes + 1e-6]
+        if not finished:
+            finished = [self.next_done[1]]  # rounding: it was due now
+        for tr in finished:
+            tr.done, tr.remaining = True, 0.0
+            self._remove(tr)
+            if tr.outbound:
+                tr.owner.away = True
+                self.offloaded_bytes += int(tr.nbytes)
+        self._assign_rates()
+
+    def _advance(self, target: float) -> None:
+        """Move the clock to target, finishing every transfer due on the way."""
+        while self.next_done[0] <= target:
+            self._settle(self.next_done[0])
+            self._complete_due()
+        self.clock = max(self.clock, target)
+
+    def _advance_one(self) -> bool:
+        """Jump to the next completion (a stall); False when nothing is moving."""
+        if self.next_done[1] is None:
+            return False
+        self.clock = max(self.clock, self.next_done[0])
+        self._advance(self.clock)
+        return True
+
+    # --- the kernel loop
+
+    def _prefetch(self, inst: _Instance, deadline: int) -> None:
+        off = inst.offload
+        if off is not None and not off.done:
+            # Still copying out: stop, the device copy is intact, nothing to bring back.
+            self._settle(self.clock)
+            self._remove(off)
+            off.cancelled = True
+            self.cancelled += 1
+            self._assign_rates()
+            return
+        if inst.away:
+            inst.away = False
+            self.offloaded_bytes -= inst.nbytes
+            inst.prefetch = self._issue(inst, False, deadline)
+            self._count(inst.prefetch)
+
+    def _wait_for(self, tr: _Transfer) -> bool:
+        """Stall until tr is back; it jumps every queue. True when the kernel had to wait."""
+        if tr.done:
+            return False
+        self._settle(self.clock)
+        self._remove(tr)
+        tr.key = (URGENT,) + tr.key[1:]
+        self._insert(tr)
+        self._assign_rates()
+        while not tr.done and self._advance_one():
+            pass
+        return True
+
+    def _wait_for_memory(self, g: int) -> bool:
+        waited = False
+        k = g % self.num_k
+        while self.m0[k] - self.offloaded_bytes > self.allowed[k]:
+            if not any(tr.outbound for _, tr in self.active) or not self._advance_one():
+                break
+            waited = True
+        return waited
+
+    def _count(self, tr: _Transfer) -> None:
+        if self.measuring:
+            self.bytes_by_path[tr.path] += int(tr.nbytes)
+
+    def _before_kernel(self, g: int) -> tuple[bool, bool]:
+        self._advance(self.clock)
+        todo = self.events.before.get(g, ())
+        for what, inst, deadline in todo:
+            if what == "prefetch":
+                self._prefetch(inst, deadline)
+        input_stall = False
+        for what, inst, _ in todo:
+            if what == "need" and inst.prefetch is not None:
+                input_stall |= self._wait_for(inst.prefetch)
+        return input_stall, self._wait_for_memory(g)
+
+    def _after_kernel(self, g: int) -> None:
+        for inst, deadline in self.events.after.get(g, ()):
+            inst.offload = self._issue(inst, True, deadline)
+            self._count(inst.offload)
+
+    def run(self) -> SimResult:
+        n = self.num_k
+        self.cancelled, self.measuring = 0, False
+        self.bytes_by_path = {p: 0 for p in ("d2s", "s2d", "d2h", "h2d")}
+        memory = np.zeros(n, dtype=np.int64)
+        stalls = [0, 0]
+        start_us = stall_us = 0.0
+        for g in range(2 * n):
+            if g == n:
+                self.measuring, self.cancelled, start_us = True, 0, self.clock
+            ready_us = self.clock
+            input_stall, memory_stall = self._before_kernel(g)
+            if self.measuring:
+                stall_us += self.clock - ready_us
+                stalls[0] += input_stall
+                stalls[1] += memory_stall
+                memory[g - n] = self.m0[g - n] - self.offloaded_bytes
+            self._advance(self.clock + self.tau[g % n])
+            self._after_kernel(g)
+        return SimResult(
+            iteration_ms=(self.clock - start_us) / 1e3, ideal_iteration_ms=float(self.tau.sum()) / 1e3,
+            stall_ms=stall_us / 1e3, input_stalls=stalls[0], memory_stalls=stalls[1],
+            peak_bytes=int(memory.max()) if n else 0, budget_bytes=self.budget, memory_bytes=memory,
+            bytes_by_path=self.bytes_by_path, cancelled_offloads=self.cancelled,
+        )
+
+
+def simulate(trace: Trace, plan: Plan, inputs: PlannerInputs | None = None) -> SimResult:
+    """Replay trace + plan; inputs (bandwidths, budget) default to those the plan was made with."""
+    return _Sim(trace, plan, inputs or plan.header.inputs).run()
