@@ -108,6 +108,6 @@ def _report_stats(path):
 
 def _print_report(path, out: Console) -> None:
     from teraio.formats.report import load_report
-    from teraio_run.summary import print_report
+    from teraio.views import print_report
 
     print_report(load_report(path), out, title=str(path))

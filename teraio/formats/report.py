@@ -1,0 +1,67 @@
+"""The run report: what one rank of `teraio run` did, against what its plan predicted."""
+
+from pathlib import Path
+from typing import Literal
+
+from teraio.formats.common import (
+    REPORT_FORMAT, Producer, Strict, atomic_write_bytes, check_version, read_raw, validate,
+)
+
+REPORT_SCHEMA_VERSION = 1
+SUPPORTED_REPORT_VERSIONS = (1,)
+
+
+class ReportHeader(Strict):
+    format: Literal["teraio-report"] = REPORT_FORMAT
+    schema_version: int = REPORT_SCHEMA_VERSION
+    producer: Producer
+    command: list[str]
+    rank: int
+    world_size: int
+    device: str
+    plan: str
+    plan_op_digest: str
+
+
+class RunReport(Strict):
+    header: ReportHeader
+    iterations: int
+    iterations_on_plan: int
+    io_backend: Literal["gds", "compat", "posix", "none"]
+    offloaded_bytes: dict[str, int]
+    prefetched_bytes: dict[str, int]
+    offload_bandwidth_gbps: dict[str, float]
+    stall_count: int
+    stall_ms: float
+    stall_ms_by_cause: dict[str, float]
+    top_stalled_tensors: dict[str, float]
+    deadline_misses: int
+    cancelled_offloads: int
+    io_errors: int
+    skipped_actions: int
+    on_demand_evictions: int
+    peak_device_bytes: int
+    budget_bytes: int
+    guard_trips: int
+    guard_reason: str
+    predicted_iteration_ms: float
+    measured_iteration_ms: float
+    kernel_time_drift: float | None
+
+
+def save_report(report: RunReport, path: str | Path) -> None:
+    atomic_write_bytes(path, (report.model_dump_json(indent=2) + "\n").encode())
+
+
+def load_report(path: str | Path) -> RunReport:
+    raw = read_raw(path)
+    check_version(raw, path, REPORT_FORMAT, SUPPORTED_REPORT_VERSIONS)
+    return validate(RunReport, raw, path)
+
+
+def report_stats(report: RunReport) -> dict:
+    stats = report.model_dump(mode="json")
+    stats.update(format=report.header.format, schema_version=report.header.schema_version,
+                 rank=report.header.rank)
+    del stats["header"]
+    return stats

@@ -1,0 +1,25 @@
+"""Rich renderings shared by the CLI and the agents' exit summaries (no torch)."""
+
+from rich.console import Console
+from rich.table import Table
+
+from teraio.formats.report import RunReport
+from teraio.units import format_bytes, format_ms
+
+
+def print_report(report: RunReport, out: Console, title: str) -> None:
+    r = report
+    over = "[red]over budget[/]" if r.budget_bytes and r.peak_device_bytes > r.budget_bytes else "within budget"
+    out.print(f"[bold]{title}[/]: {r.iterations} iterations ({r.iterations_on_plan} on plan), "
+              f"I/O {r.io_backend}")
+    out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured vs "
+              f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
+              f"of {format_bytes(r.budget_bytes)} budget ({over})")
+    table = Table("tier", "offloaded", "prefetched", title_justify="left")
+    for tier in sorted(r.offloaded_bytes):
+        table.add_row(tier, format_bytes(r.offloaded_bytes[tier]), format_bytes(r.prefetched_bytes.get(tier, 0)))
+    out.print(table)
+    causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
+    out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
+    out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
+              f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")

@@ -1,0 +1,167 @@
+"""The runtime inside each training process: follows the plan op by op, safely.
+
+Note [When the plan is followed]
+Plan actions are keyed by kernel index, which only means something while the live op stream
+is the profiled one. An iteration follows the plan only if the previous iteration's op
+digest and length matched the plan's trace (so iteration 0, whose first optimizer step
+creates AdamW state, runs unplanned, and so does anything after a drift), and it stops
+following the moment it runs past the trace's kernel count. Unplanned stretches stay within
+budget by on-demand eviction of the least recently used tensors. Neither path can corrupt
+training: every op's inputs are made resident first (MigrationEngine.ensure_resident).
+"""
+
+import hashlib
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from teraio.errors import PlanMismatchError
+from teraio.formats.plan import Plan
+from teraio.walk import OpWalk, WalkListener, activate
+from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
+
+EVICT_TARGET = 0.95   # on-demand eviction frees down to this share of the budget
+
+
+class RunAgent(WalkListener):
+    def __init__(self, plan: Plan, engine: MigrationEngine, device_type: str, budget_bytes: int):
+        self.plan = plan
+        self.engine = engine
+        self.cuda = device_type == "cuda"
+        self.budget_bytes = budget_bytes
+        self.walk = OpWalk(self, device_type)
+        self.offloads_after, self.prefetches_at = _index_actions(plan)
+        self.num_kernels = plan.header.trace.num_kernels
+        self.following = False
+        self.by_id = {}
+        self.signatures: list[int] = []
+        self.tick = 0
+        self.last_use: dict[int, int] = {}   # storage key -> tick of its last use
+        self.iteration_s: list[float] = []
+        self._t_iter = time.perf_counter()
+        self.iterations_on_plan = 0
+        self.guard_trips = 0
+        self.guard_reason = ""
+        self.peak_bytes = 0
+
+    # ----- per op ---------------------------------------------------------------------------
+    def before_op(self, k, func, inputs):
+        engine = self.engine
+        if engine.moved:
+            engine.poll(self.walk.records)
+            for record in inputs:
+                if record.key in engine.moved:
+                    engine.ensure_resident(record, "late_prefetch" if self.following else "unplanned")
+        if self.following:
+            for entry in self.prefetches_at.get(k, ()):
+                record = self.by_id.get(entry.tensor)
+                if record is not None:
+                    engine.prefetch(record)
+        self.tick += 1
+        for record in inputs:
+            self.last_use[record.key] = self.tick
+
+    def after_op(self, k, func, inputs, new, signature):
+        self.signatures.append(signature)
+        for record in new:
+            self.by_id[record.id] = record
+            self.last_use[record.key] = self.tick
+        if self.following and k >= self.num_kernels:
+            self._trip(f"the iteration ran past the trace's {self.num_kernels} kernels")
+        if self.following:
+            for entry in self.offloads_after.get(k, ()):
+                record = self.by_id.get(entry.tensor)
+                if record is not None:
+                    self.engine.offload(record, entry.tier)
+        self._keep_budget(inputs + new)
+
+    # ----- memory ---------------------------------------------------------------------------
+    def resident_bytes(self) -> int:
+        if self.cuda:
+            return torch.cuda.memory_allocated()
+        live = sum(r.nbytes for r in self.walk.records.values() if not r.ref.expired())
+        return live - self.engine.offloaded_now
+
+    def _keep_budget(self, in_use) -> None:
+        resident = self.resident_bytes()
+        if resident > self.budget_bytes > 0:
+            resident = self._evict(resident, {r.key for r in in_use})
+        self.peak_bytes = max(self.peak_bytes, resident)
+
+    def _evict(self, resident: int, protected: set) -> int:
+        """Belady needs the future; in an unplanned stretch we only know the past, so evict
+        the least recently used movable tensors, synchronously (counted as a stall)."""
+        t0 = time.perf_counter()
+        target = int(self.budget_bytes * EVICT_TARGET)
+        candidates = [r for r in self.walk.records.values()
+                      if r.kind in MOVABLE_KINDS and r.key not in protected and r.key not in self.engine.moved
+                      and not r.ref.expired()]
+        candidates.sort(key=lambda r: self.last_use.get(r.key, 0))
+        for record in candidates:
+            if resident <= target:
+                break
+            if self.engine.offload(record, "host", reason="memory_short"):
+                self.engine.stats.evictions += 1
+                resident -= record.nbytes
+        self.engine.wait_offloads(self.walk.records)
+        self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
+        return self.resident_bytes()
+
+    # ----- iteration boundary ---------------------------------------------------------------
+    def on_iteration_end(self, iteration, num_kernels):
+        now = time.perf_counter()
+        self.iteration_s.append(now - self._t_iter)
+        self._t_iter = now
+        digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
+        matched = digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels
+        if self.following and matched:
+            self.iterations_on_plan += 1
+        elif self.following:
+            self._trip("the op stream of an iteration differed from the profiled one")
+        self.following = matched
+        self.signatures = []
+        with _disable_current_modes():
+            self._tidy()
+
+    def _tidy(self) -> None:
+        dead = self.walk.forget_expired()
+        self.engine.forget_dead([r.key for r in dead])
+        for record in dead:
+            self.last_use.pop(record.key, None)
+        self.by_id = {r.id: r for r in self.walk.records.values()}
+
+    def _trip(self, reason: str) -> None:
+        """Stop following the plan for the rest of this iteration (Note [When the plan is followed])."""
+        self.following = False
+        self.guard_trips += 1
+        if not self.guard_reason:
+            self.guard_reason = reason
+            print(f"teraio: warning: {reason}; the plan is paused until an iteration matches again "
+                  "(training stays correct)", file=sys.stderr)
+
+    def restore_everything(self) -> None:
+        with _disable_current_modes():
+            self.engine.restore_all(self.walk.records)
+
+
+def _index_actions(plan: Plan):
+    offloads, prefetches = {}, {}
+    for entry in plan.entries:
+        offloads.setdefault(entry.offload_after, []).append(entry)
+        prefetches.setdefault(entry.prefetch_at, []).append(entry)
+    return offloads, prefetches
+
+
+def start(settings):
+    """Called by the bootstrap once torch is imported in a training process."""
+    from teraio_run.setup import build_agent, install_exit_handlers
+
+    agent, context = build_agent(settings)
+    activate(agent.walk)
+    install_exit_handlers(agent, context)
+    return agent

@@ -1,0 +1,221 @@
+"""The migration engine: moves storages out of device memory and back, never losing a byte.
+
+Invariant: an op never runs on a storage that is not fully resident. `ensure_resident` is
+called for every input of every op (the walk's before_op) and is the only thing correctness
+rests on; plan actions are performance hints layered on top.
+
+A storage leaves device memory by `untyped_storage().resize_(0)` after its bytes are safely
+in a tier, and comes back by `resize_(nbytes)` and a copy in: every view and every
+saved-for-backward reference sees the data again (DESIGN.md, runtime mechanics).
+
+States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching -> resident.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from teraio.formats.trace import Kind
+from teraio_run.tiers import Transfer
+
+RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
+MOVABLE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
+
+
+@dataclass
+class Moved:
+    """Engine state of one storage that has left (or is leaving) device memory."""
+
+    tier: object
+    slot: int
+    nbytes: int
+    state: str
+    transfer: Transfer | None
+    storage: torch.UntypedStorage | None   # strong ref only while a copy reads or writes it
+    reason: str = "plan"
+
+
+@dataclass
+class Stats:
+    offloaded_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
+    prefetched_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
+    offload_s: dict = field(default_factory=lambda: {"host": 0.0, "ssd": 0.0})
+    stall_count: int = 0
+    stall_ms: dict = field(default_factory=dict)       # cause -> ms
+    stalls_by_tensor: dict = field(default_factory=dict)
+    deadline_misses: int = 0
+    cancelled_offloads: int = 0
+    io_errors: int = 0
+    skipped: int = 0
+    evictions: int = 0
+
+    def stall(self, cause: str, tensor_id: str, seconds: float) -> None:
+        self.stall_count += 1
+        self.stall_ms[cause] = self.stall_ms.get(cause, 0.0) + seconds * 1e3
+        self.stalls_by_tensor[tensor_id] = self.stalls_by_tensor.get(tensor_id, 0.0) + seconds * 1e3
+
+
+class MigrationEngine:
+    def __init__(self, host_tier, ssd_tier, cuda: bool):
+        self.tiers = {"host": host_tier, "ssd": ssd_tier}
+        self.cuda = cuda
+        self.moved: dict[int, Moved] = {}   # storage key -> state, for storages not plainly resident
+        self.stats = Stats()
+        self.offloaded_now = 0              # device bytes currently released by us
+        self.releasing: list[Moved] = []    # back on the device, slot still read by a copy
+
+    # ----- the correctness path ------------------------------------------------------------
+    def ensure_resident(self, record, cause: str) -> None:
+        moved = self.moved.get(record.key)
+        if moved is None:
+            return
+        t0 = time.perf_counter()
+        if moved.state == OFFLOADING:
+            self._cancel_offload(record, moved)
+        else:
+            if moved.state == OFFLOADED:
+                self._start_prefetch(record, moved)
+                cause = "not_prefetched"
+            self._finish_prefetch(record, moved)
+        waited = time.perf_counter() - t0
+        self.stats.stall(cause, record.id, waited)
+
+    def _cancel_offload(self, record, moved: Moved) -> None:
+        """The op stream touched a tensor we were copying out (the plan did not foresee it):
+        keep it on the device and drop the copy; the data was never released."""
+        _wait_quietly(moved.transfer)
+        self._release_slot(moved)
+        del self.moved[record.key]
+        self.stats.cancelled_offloads += 1
+
+    # ----- plan actions --------------------------------------------------------------------
+    def offload(self, record, tier_name: str, reason: str = "plan") -> bool:
+        if record.key in self.moved or record.kind not in MOVABLE_KINDS:
+            return False
+        storage = record.storage()
+        if storage is None or storage.nbytes() == 0 or not storage.resizable():
+            self.stats.skipped += 1
+            return False
+        placed = self._place(tier_name, storage.nbytes())
+        if placed is None:
+            self.stats.skipped += 1
+            return False
+        tier, slot = placed
+        moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage, reason)
+        moved.transfer = tier.copy_out(storage, slot)
+        self.moved[record.key] = moved
+        if tier.frees_at_once:
+            self._release_device(record, moved)
+        return True
+
+    def _place(self, tier_name: str, nbytes: int):
+        """(tier, slot): the planned tier, or the other one when the host pool is full."""
+        host, ssd = self.tiers["host"], self.tiers["ssd"]
+        order = (host, ssd) if tier_name == "host" else (ssd, host)
+        for tier in order:
+            if tier is None:
+                continue
+            slot = tier.pool.alloc(nbytes) if tier.name == "host" else tier.new_slot()
+            if slot is not None:
+                return tier, slot
+        return None
+
+    def prefetch(self, record) -> None:
+        moved = self.moved.get(record.key)
+        if moved is None or moved.state != OFFLOADED:
+            return
+        if record.ref.expired():
+            self.forget_dead([record.key])  # the program dropped it while it was out
+        else:
+            self._start_prefetch(record, moved)
+
+    def _start_prefetch(self, record, moved: Moved) -> None:
+        storage = record.storage()
+        assert storage is not None, "an offloaded storage that is still referenced must be alive"
+        storage.resize_(moved.nbytes)
+        self.offloaded_now -= moved.nbytes
+        moved.storage = storage
+        moved.transfer = moved.tier.copy_in(storage, moved.slot, moved.transfer)
+        moved.state = PREFETCHING
+
+    def _finish_prefetch(self, record, moved: Moved) -> None:
+        moved.transfer.wait()
+        self.stats.prefetched_bytes[moved.tier.name] += moved.nbytes
+        del self.moved[record.key]
+        if moved.transfer.done():
+            self._release_slot(moved)
+        else:
+            self.releasing.append(moved)  # a stream copy still reads the pool slice
+
+    def _reap_released(self) -> None:
+        still = []
+        for moved in self.releasing:
+            if moved.transfer.done():
+                self._release_slot(moved)
+            else:
+                still.append(moved)
+        self.releasing = still
+
+    # ----- progress, polled between ops ------------------------------------------------------
+    def poll(self, records_by_key) -> None:
+        """Finish copy-outs that are done: release device memory, or keep the tensor on error."""
+        if self.releasing:
+            self._reap_released()
+        for key, moved in list(self.moved.items()):
+            if moved.state != OFFLOADING or not moved.transfer.done():
+                continue
+            record = records_by_key.get(key)
+            if moved.transfer.error() is not None or record is None:
+                if moved.transfer.error() is not None:
+                    self.stats.io_errors += 1  # disk full, folder gone: the tensor stays put
+                self._release_slot(moved)
+                del self.moved[key]
+                continue
+            self._release_device(record, moved)
+
+    def _release_device(self, record, moved: Moved) -> None:
+        moved.storage.resize_(0)
+        moved.storage = None
+        moved.state = OFFLOADED
+        self.offloaded_now += moved.nbytes
+        self.stats.offloaded_bytes[moved.tier.name] += moved.nbytes
+
+    def _release_slot(self, moved: Moved) -> None:
+        if moved.tier.name == "host":
+            moved.tier.pool.release(moved.slot, moved.nbytes)
+        else:
+            moved.tier.discard(moved.slot, moved.nbytes)
+
+    def wait_offloads(self, records_by_key) -> None:
+        """Wait for every copy-out in flight (when memory is short, or at shutdown)."""
+        for moved in self.moved.values():
+            if moved.state == OFFLOADING:
+                _wait_quietly(moved.transfer)
+        self.poll(records_by_key)
+
+    def forget_dead(self, dead_keys) -> None:
+        """Storages freed by the program while offloaded: their copies are garbage now."""
+        for key in dead_keys:
+            moved = self.moved.pop(key, None)
+            if moved is not None:
+                if moved.state == OFFLOADED:
+                    self.offloaded_now -= moved.nbytes
+                _wait_quietly(moved.transfer)
+                self._release_slot(moved)
+
+    def restore_all(self, records_by_key) -> None:
+        """Bring every tensor back (checkpointing, shutdown, a plan we stopped following)."""
+        for key in list(self.moved):
+            record = records_by_key.get(key)
+            if record is not None:
+                self.ensure_resident(record, "restore_all")
+
+
+def _wait_quietly(transfer: Transfer | None) -> None:
+    if transfer is None:
+        return
+    try:
+        transfer.wait()
+    except OSError:
+        pass  # the copy failed: the caller keeps or discards the tensor either way

@@ -1,0 +1,77 @@
+"""The run report: written and summarised when the training process exits."""
+
+import sys
+
+import numpy as np
+import torch
+
+from teraio import __version__
+from teraio.formats.common import Producer
+from teraio.formats.report import ReportHeader, RunReport, save_report
+from teraio.settings import rank_path
+
+STEADY_SKIP = 2   # iteration 0 creates optimizer state and 1 is the first planned one
+
+
+def build_report(agent, context) -> RunReport:
+    stats, plan, s = agent.engine.stats, agent.plan, context.settings
+    measured = np.median(agent.iteration_s[STEADY_SKIP:] or agent.iteration_s or [0.0]) * 1e3
+    predicted = plan.header.prediction.iteration_ms
+    return RunReport(
+        header=ReportHeader(
+            producer=Producer(teraio=__version__, torch=torch.__version__, cuda=torch.version.cuda),
+            command=s.command, rank=s.rank, world_size=s.world_size,
+            device=agent.walk.device_type, plan=str(context.plan_path),
+            plan_op_digest=plan.header.trace.op_digest),
+        iterations=len(agent.iteration_s),
+        iterations_on_plan=agent.iterations_on_plan,
+        io_backend=context.io_backend,
+        offloaded_bytes=stats.offloaded_bytes,
+        prefetched_bytes=stats.prefetched_bytes,
+        offload_bandwidth_gbps={},
+        stall_count=stats.stall_count,
+        stall_ms=round(sum(stats.stall_ms.values()), 3),
+        stall_ms_by_cause={k: round(v, 3) for k, v in sorted(stats.stall_ms.items())},
+        top_stalled_tensors=_top(stats.stalls_by_tensor, 10),
+        deadline_misses=stats.deadline_misses,
+        cancelled_offloads=stats.cancelled_offloads,
+        io_errors=stats.io_errors,
+        skipped_actions=stats.skipped,
+        on_demand_evictions=stats.evictions,
+        peak_device_bytes=_peak_bytes(agent),
+        budget_bytes=agent.budget_bytes,
+        guard_trips=agent.guard_trips,
+        guard_reason=agent.guard_reason,
+        predicted_iteration_ms=predicted,
+        measured_iteration_ms=round(float(measured), 3),
+        kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,
+    )
+
+
+def _top(by_tensor: dict, count: int) -> dict:
+    ranked = sorted(by_tensor.items(), key=lambda kv: -kv[1])[:count]
+    return {name: round(ms, 3) for name, ms in ranked}
+
+
+def _peak_bytes(agent) -> int:
+    return torch.cuda.max_memory_allocated() if agent.cuda else int(agent.peak_bytes)
+
+
+def finish(agent, context) -> None:
+    """At exit: write the report, print its summary, remove the swap folders."""
+    from teraio_run.setup import remove_run_dirs
+    from teraio.views import print_report
+
+    try:
+        if agent.iteration_s:
+            report = build_report(agent, context)
+            if context.settings.report:
+                save_report(report, rank_path(context.settings.report, context.settings.rank,
+                                              context.settings.world_size))
+            from rich.console import Console
+            print_report(report, Console(stderr=True, highlight=False), title=f"teraio run, rank {report.header.rank}")
+    except Exception as err:  # the job has finished training; a report failure must not hide that
+        print(f"teraio: could not write the run report: {err}", file=sys.stderr)
+    finally:
+        context.threads.shutdown(wait=True)
+        remove_run_dirs(context)

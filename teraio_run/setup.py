@@ -1,0 +1,105 @@
+"""Building the runtime from TERAIO_* settings, and tearing it down at exit."""
+
+import atexit
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from teraio.errors import PlanMismatchError, UsageError
+from teraio.formats.plan import Plan, load_plan
+from teraio.settings import Settings, rank_path
+from teraio_run.engine import MigrationEngine
+from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
+
+IO_THREADS = 8
+
+
+@dataclass
+class RunContext:
+    settings: Settings
+    plan_path: Path
+    run_dirs: list
+    io_backend: str
+    threads: ThreadPoolExecutor
+
+
+def plan_for_rank(settings: Settings) -> tuple[Plan, Path]:
+    """This rank's plan (NAME.rankN.json), or the one plan given when the job has one rank."""
+    path = rank_path(settings.plan, settings.rank, settings.world_size)
+    if not path.is_file():
+        path = Path(settings.plan)
+    plan = load_plan(path)
+    ref = plan.header.trace
+    if (ref.rank, ref.world_size) != (settings.rank, settings.world_size):
+        raise PlanMismatchError(
+            f"{path} was made for rank {ref.rank} of {ref.world_size}, but this is rank {settings.rank} "
+            f"of {settings.world_size}: plan each rank's trace (teraio plan trace.rank*.msgpack)")
+    return plan, path
+
+
+def choose_files(backend: str, cuda: bool):
+    if backend in ("auto", "kvikio") and cuda:
+        try:
+            return KvikioFiles()
+        except ImportError:
+            if backend == "kvikio":
+                raise UsageError("KvikIO is not installed: pip install 'teraio[cu13]', or use --io-backend posix")
+    return PosixFiles()
+
+
+def build_agent(settings: Settings):
+    from teraio_run.agent import RunAgent
+
+    plan, plan_path = plan_for_rank(settings)
+    device_type = settings.device_type()
+    cuda = device_type == "cuda"
+    budget = plan.header.inputs.budget_bytes
+    if cuda:
+        _cap_device_memory(settings.gpu_mem_bytes or budget)
+    threads = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="teraio-io")
+    ssd_dirs = settings.ssd_dirs or [str(Path(tempfile.gettempdir()) / "teraio-swap")]
+    run_dirs = make_run_dirs(ssd_dirs, settings.rank)
+    files = choose_files(settings.io_backend, cuda)
+    pool = HostPool(plan.header.prediction.host_pool_bytes, pin=cuda)
+    engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda)
+    agent = RunAgent(plan, engine, device_type, budget)
+    return agent, RunContext(settings, plan_path, run_dirs, files.name, threads)
+
+
+def _cap_device_memory(cap_bytes: int) -> None:
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total))
+
+
+def install_exit_handlers(agent, context: RunContext) -> None:
+    """Report and clean up at exit, Ctrl-C included; checkpoints see true values."""
+    from teraio_run.report import finish
+
+    _patch_torch_save(agent)
+    atexit.register(finish, agent, context)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def _patch_torch_save(agent) -> None:
+    """torch.save reads storages directly, not through ATen ops the walk could intercept: bring
+    every offloaded tensor back first (the plan moves them out again at its next trigger)."""
+    real_save = torch.save
+
+    def save(*args, **kwargs):
+        agent.restore_everything()
+        return real_save(*args, **kwargs)
+
+    torch.save = torch.serialization.save = save
+
+
+def remove_run_dirs(context: RunContext) -> None:
+    for run_dir in context.run_dirs:
+        shutil.rmtree(run_dir, ignore_errors=True)

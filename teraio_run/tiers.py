@@ -1,0 +1,278 @@
+"""Where offloaded bytes live: a pinned host pool and swap files on SSDs.
+
+Each tier copies a storage's bytes out and back and returns a `Transfer` the engine can poll
+or wait on. Device memory is released by the engine, never here.
+
+Note [Stream ordering on CUDA]
+- Copy-out runs on a side stream that first waits for an event recorded on the compute
+  stream after the last kernel that wrote the tensor, so it reads finished data.
+- Host tier: the device block is freed right after the copy is queued; `record_stream` tells
+  the caching allocator not to hand that block out before the side stream passes the copy.
+- Copy-in: the storage is re-allocated on the compute stream; the side stream waits for an
+  event recorded after that allocation (the block may be one that queued kernels just
+  released), and the compute stream waits for the copy's event before the first use.
+- SSD tier (KvikIO runs in its own threads, not on a stream): the I/O thread waits for the
+  compute-stream event before touching device memory, and the engine waits for the future
+  before the tensor is used (a real host wait, counted as a stall when not done in time).
+"""
+
+import ctypes
+import os
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+STRIPE_MIN_BYTES = 4 << 20   # smaller tensors go to one SSD: striping them only adds requests
+POOL_ALIGN_BYTES = 512
+
+
+def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A 1-D uint8 tensor over the whole storage (no copy)."""
+    view = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    return view.set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+class Transfer:
+    """A copy in flight: a future (threads, KvikIO) or a CUDA event (stream copies)."""
+
+    __slots__ = ("future", "event")
+
+    def __init__(self, future: Future | None = None, event=None):
+        self.future, self.event = future, event
+
+    def done(self) -> bool:
+        if self.future is not None and not self.future.done():
+            return False
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        """Blocks until done; re-raises an I/O error from the copy."""
+        if self.future is not None:
+            self.future.result()
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)  # device-side: no host sync
+
+    def error(self) -> BaseException | None:
+        return self.future.exception() if self.future is not None and self.future.done() else None
+
+
+class HostPool:
+    """One pinned buffer allocated at start (per-tensor cudaHostAlloc is slow and fragments),
+    carved first-fit. On CPU-only machines it is plain memory."""
+
+    def __init__(self, nbytes: int, pin: bool):
+        self.capacity = nbytes
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)
+        self._free = [(0, nbytes)] if nbytes else []  # (offset, size), sorted by offset
+        self.used = 0
+
+    def alloc(self, nbytes: int) -> int | None:
+        need = -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
+        for i, (offset, size) in enumerate(self._free):
+            if size >= need:
+                self._free[i:i + 1] = [(offset + need, size - need)] if size > need else []
+                self.used += need
+                return offset
+        return None
+
+    def release(self, offset: int, nbytes: int) -> None:
+        need = -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
+        self.used -= need
+        self._free.append((offset, need))
+        self._free.sort()
+        merged = [self._free[0]]
+        for off, size in self._free[1:]:
+            last_off, last_size = merged[-1]
+            if last_off + last_size == off:
+                merged[-1] = (last_off, last_size + size)
+            else:
+                merged.append((off, size))
+        self._free = merged
+
+    def slice(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.buffer[offset:offset + nbytes]
+
+
+class HostTier:
+    name = "host"
+
+    def __init__(self, pool: HostPool, cuda: bool, threads: ThreadPoolExecutor):
+        self.pool, self.cuda, self.threads = pool, cuda, threads
+        if cuda:
+            self.d2h_stream, self.h2d_stream = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def copy_out(self, storage, slot) -> Transfer:
+        dst = self.pool.slice(slot, storage.nbytes())
+        src = byte_view(storage)
+        if not self.cuda:
+            return Transfer(future=self.threads.submit(dst.copy_, src))
+        self.d2h_stream.wait_stream(torch.cuda.current_stream())  # read finished data
+        with torch.cuda.stream(self.d2h_stream):
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(self.d2h_stream)  # block not reused before the copy passes
+            event = torch.cuda.Event()
+            event.record()
+        return Transfer(event=event)
+
+    def copy_in(self, storage, slot, after_out: Transfer | None) -> Transfer:
+        dst = byte_view(storage)
+        src = self.pool.slice(slot, storage.nbytes())
+        if not self.cuda:
+            return Transfer(future=self.threads.submit(dst.copy_, src))
+        self.h2d_stream.wait_stream(torch.cuda.current_stream())  # the new block is free to write
+        if after_out is not None and after_out.event is not None:
+            self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
+        with torch.cuda.stream(self.h2d_stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        return Transfer(event=event)
+
+    @property
+    def frees_at_once(self) -> bool:
+        return self.cuda  # see Note [Stream ordering on CUDA]
+
+
+def host_memoryview(data: torch.Tensor) -> memoryview:
+    """Raw bytes of a contiguous CPU uint8 tensor. Not `.numpy()`: that marks the storage
+    non-resizable for good, and we must be able to resize_(0) it afterwards."""
+    return memoryview((ctypes.c_char * data.numel()).from_address(data.data_ptr())).cast("B")
+
+
+class PosixFiles:
+    """Swap files through plain POSIX I/O from host memory (CPU-only machines)."""
+
+    name = "posix"
+
+    def write(self, path: Path, data: torch.Tensor) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = host_memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], written)
+        finally:
+            os.close(fd)
+
+    def read(self, path: Path, data: torch.Tensor) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            view = host_memoryview(data)
+            done = 0
+            while done < len(view):
+                got = os.preadv(fd, [view[done:]], done)
+                if got == 0:
+                    raise OSError(f"swap file {path} is shorter than expected")
+                done += got
+        finally:
+            os.close(fd)
+
+
+class KvikioFiles:
+    """Swap files through KvikIO: GPUDirect Storage where available, its compat mode else."""
+
+    def __init__(self):
+        import kvikio
+        import kvikio.defaults
+
+        self.kvikio = kvikio
+        preferred = getattr(kvikio.defaults, "is_compat_mode_preferred", None)
+        compat = preferred() if preferred else bool(getattr(kvikio.defaults, "compat_mode", lambda: True)())
+        self.name = "compat" if compat else "gds"
+
+    def write(self, path: Path, data: torch.Tensor) -> None:
+        with self.kvikio.CuFile(path, "w") as f:
+            written = f.write(data)
+        if written != data.numel():
+            raise OSError(f"short write to {path}: {written} of {data.numel()} bytes")
+
+    def read(self, path: Path, data: torch.Tensor) -> None:
+        with self.kvikio.CuFile(path, "r") as f:
+            got = f.read(data)
+        if got != data.numel():
+            raise OSError(f"swap file {path} is shorter than expected")
+
+
+class SsdTier:
+    """One swap file per tensor per SSD folder; large tensors are striped over all folders."""
+
+    name = "ssd"
+    frees_at_once = False
+
+    def __init__(self, run_dirs: list[Path], files, cuda: bool, threads: ThreadPoolExecutor):
+        self.run_dirs, self.files, self.cuda, self.threads = run_dirs, files, cuda, threads
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def new_slot(self) -> int:
+        with self._lock:
+            self._next += 1
+            return self._next
+
+    def _chunks(self, slot: int, nbytes: int):
+        dirs = self.run_dirs if nbytes >= STRIPE_MIN_BYTES else [self.run_dirs[slot % len(self.run_dirs)]]
+        step = -(-nbytes // len(dirs))
+        return [(d / f"{slot}.bin", i * step, min(nbytes, (i + 1) * step)) for i, d in enumerate(dirs)]
+
+    def copy_out(self, storage, slot) -> Transfer:
+        data = byte_view(storage)
+        ready = self._compute_event()
+        return Transfer(future=self.threads.submit(self._io, self.files.write, slot, data, ready))
+
+    def copy_in(self, storage, slot, after_out=None) -> Transfer:
+        data = byte_view(storage)
+        ready = self._compute_event()
+        return Transfer(future=self.threads.submit(self._io, self.files.read, slot, data, ready))
+
+    def _compute_event(self):
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _io(self, op, slot, data, ready) -> None:
+        if ready is not None:
+            ready.synchronize()  # the compute stream has finished with (or allocated) this memory
+        for path, lo, hi in self._chunks(slot, data.numel()):
+            op(path, data[lo:hi])
+
+    def discard(self, slot: int, nbytes: int) -> None:
+        for path, _, _ in self._chunks(slot, nbytes):
+            path.unlink(missing_ok=True)
+
+
+def make_run_dirs(ssd_dirs: list[str], rank: int) -> list[Path]:
+    """A fresh per-run folder in each SSD folder; stale ones of dead runs are removed first."""
+    run_dirs = []
+    for base in ssd_dirs:
+        base_path = Path(base)
+        base_path.mkdir(parents=True, exist_ok=True)
+        remove_stale_run_dirs(base_path)
+        run_dir = base_path / f"teraio-{os.getpid()}-r{rank}"
+        run_dir.mkdir(exist_ok=True)
+        run_dirs.append(run_dir)
+    return run_dirs
+
+
+def remove_stale_run_dirs(base: Path) -> None:
+    for old in base.glob("teraio-*-r*"):
+        try:
+            pid = int(old.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

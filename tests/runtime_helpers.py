@@ -1,0 +1,46 @@
+"""An aggressive plan for runtime tests: every idle period of every movable tensor is offloaded.
+
+This is not the planner (teraio_plan decides what is worth moving); it exercises the runtime
+on the most migration a trace allows, alternating host and SSD tiers, to test correctness.
+"""
+
+from teraio import __version__
+from teraio.formats.common import Producer
+from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef
+from teraio.formats.trace import Kind, Trace
+
+MOVABLE = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
+
+
+def every_period_plan(trace: Trace, budget_bytes: int, tiers=("host", "ssd"), min_gap: int = 2) -> Plan:
+    entries = []
+    for i in range(trace.num_tensors):
+        if Kind(trace.kind[i]) not in MOVABLE:
+            continue
+        uses = sorted(set(int(u) for u in trace.uses(i)))
+        periods = [(a, b, False) for a, b in zip(uses, uses[1:]) if b - a >= min_gap]
+        if trace.born[i] < 0 and uses and uses[0] > 0:
+            periods.append((uses[-1], uses[0], True))
+        for after, needed, wraps in periods:
+            tier = tiers[len(entries) % len(tiers)]
+            entries.append(PlanEntry(
+                tensor=trace.tensor_id[i], name=trace.tensor_name[i], kind=Kind(trace.kind[i]).name,
+                nbytes=int(trace.nbytes[i]), tier=tier, offload_after=after, offload_by=after,
+                prefetch_at=needed - 1, needed_by=needed, wraps=wraps, reason="test: every idle period"))
+    return Plan(header=_header(trace, budget_bytes, sum(e.nbytes for e in entries)), entries=entries)
+
+
+def _header(trace: Trace, budget_bytes: int, pool_bytes: int) -> PlanHeader:
+    h = trace.header
+    return PlanHeader(
+        producer=Producer(teraio=__version__),
+        trace=TraceRef(op_digest=h.op_digest, num_kernels=h.num_kernels, rank=h.rank,
+                       world_size=h.world_size, device=h.device.name),
+        inputs=PlannerInputs(budget_bytes=budget_bytes, num_ssds=1, ssd_read_gbps=1.0, ssd_write_gbps=1.0,
+                             host_mem_bytes=pool_bytes, host_gbps=1.0, pcie_gbps=1.0, headroom_bytes=0,
+                             latency_us=0.0),
+        prediction=Prediction(iteration_ms=1.0, ideal_iteration_ms=1.0, share_of_ideal=1.0, stall_ms=0.0,
+                              peak_bytes=0, peak_bytes_without_plan=0, fits=True, over_budget_kernels=0,
+                              max_excess_bytes=0, ssd_write_bytes_per_iteration=0, host_pool_bytes=pool_bytes,
+                              offload_bytes_by_tier={}),
+    )
