@@ -73,6 +73,10 @@ class WalkListener:
 
     def on_iteration_end(self, iteration: int, num_kernels: int) -> None: ...
 
+    def relieve_memory(self, inputs: list[StorageRecord]) -> bool:
+        """An op ran out of device memory; return True if memory was freed and it may retry."""
+        return False
+
 
 @dataclass
 class _Owners:
@@ -203,7 +207,12 @@ class OpWalk(TorchDispatchMode):
         self.kernel += 1
         inputs = self._records_of(tree_leaves((args, kwargs)), func, "in")
         self.listener.before_op(k, func, inputs)
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            if not self.listener.relieve_memory(inputs):
+                raise
+            out = func(*args, **kwargs)
         known = {r.key for r in inputs}
         new = [r for r in self._records_of(tree_leaves(out), func, None) if r.key not in known]
         self.listener.after_op(k, func, inputs, new, op_signature(func, out))

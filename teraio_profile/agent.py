@@ -14,12 +14,12 @@ from teraio.formats.trace import (
     DeviceInfo, KernelTable, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
     live_bytes_per_kernel, save_trace,
 )
-from teraio.walk import OpWalk, activate, deactivate
+from teraio.walk import OpWalk, WalkListener, activate, deactivate
 from teraio_profile.recorder import TraceRecorder
 from teraio.settings import Settings, rank_path, status_path
 
 
-class ProfileAgent:
+class ProfileAgent(WalkListener):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.device_type = settings.device_type()

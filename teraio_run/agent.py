@@ -25,7 +25,8 @@ from teraio.formats.plan import Plan
 from teraio.walk import OpWalk, WalkListener, activate
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
-EVICT_TARGET = 0.95   # on-demand eviction frees down to this share of the budget
+EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
+                      # room for the next op's outputs (on CUDA the cap is hard)
 
 
 class RunAgent(WalkListener):
@@ -52,8 +53,9 @@ class RunAgent(WalkListener):
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
         engine = self.engine
-        if engine.moved:
+        if engine.copying_out or engine.releasing:
             engine.poll(self.walk.records)
+        if engine.moved:
             for record in inputs:
                 if record.key in engine.moved:
                     engine.ensure_resident(record, "late_prefetch" if self.following else "unplanned")
@@ -80,6 +82,14 @@ class RunAgent(WalkListener):
                     self.engine.offload(record, entry.tier)
         self._keep_budget(inputs + new)
 
+    def relieve_memory(self, inputs) -> bool:
+        """An op ran out of device memory: evict everything it does not use, then retry once."""
+        with _disable_current_modes():
+            self.engine.wait_offloads(self.walk.records)
+            before = self.resident_bytes()
+            after = self._evict(before, {r.key for r in inputs}, target=0)
+        return after < before
+
     # ----- memory ---------------------------------------------------------------------------
     def resident_bytes(self) -> int:
         if self.cuda:
@@ -93,11 +103,11 @@ class RunAgent(WalkListener):
             resident = self._evict(resident, {r.key for r in in_use})
         self.peak_bytes = max(self.peak_bytes, resident)
 
-    def _evict(self, resident: int, protected: set) -> int:
+    def _evict(self, resident: int, protected: set, target: int | None = None) -> int:
         """Belady needs the future; in an unplanned stretch we only know the past, so evict
         the least recently used movable tensors, synchronously (counted as a stall)."""
         t0 = time.perf_counter()
-        target = int(self.budget_bytes * EVICT_TARGET)
+        target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
         candidates = [r for r in self.walk.records.values()
                       if r.kind in MOVABLE_KINDS and r.key not in protected and r.key not in self.engine.moved
                       and not r.ref.expired()]
@@ -159,9 +169,14 @@ def _index_actions(plan: Plan):
 
 def start(settings):
     """Called by the bootstrap once torch is imported in a training process."""
-    from teraio_run.setup import build_agent, install_exit_handlers
+    from teraio_run.setup import build_agent, install_exit_handlers, plan_for_rank
 
-    agent, context = build_agent(settings)
+    plan, plan_path = plan_for_rank(settings)
+    if not plan.entries and plan.header.prediction.fits:
+        # Nothing to move: stay out of the way entirely (no walk, no per-op cost).
+        print(f"teraio: {plan_path} moves nothing (the job fits its budget); running untouched", file=sys.stderr)
+        return None
+    agent, context = build_agent(settings, plan, plan_path)
     activate(agent.walk)
     install_exit_handlers(agent, context)
     return agent

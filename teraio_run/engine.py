@@ -64,6 +64,7 @@ class MigrationEngine:
         self.stats = Stats()
         self.offloaded_now = 0              # device bytes currently released by us
         self.releasing: list[Moved] = []    # back on the device, slot still read by a copy
+        self.copying_out: dict[int, Moved] = {}  # OFFLOADING only: what poll() looks at per op
 
     # ----- the correctness path ------------------------------------------------------------
     def ensure_resident(self, record, cause: str) -> None:
@@ -87,6 +88,7 @@ class MigrationEngine:
         _wait_quietly(moved.transfer)
         self._release_slot(moved)
         del self.moved[record.key]
+        self.copying_out.pop(record.key, None)
         self.stats.cancelled_offloads += 1
 
     # ----- plan actions --------------------------------------------------------------------
@@ -107,6 +109,8 @@ class MigrationEngine:
         self.moved[record.key] = moved
         if tier.frees_at_once:
             self._release_device(record, moved)
+        else:
+            self.copying_out[record.key] = moved
         return True
 
     def _place(self, tier_name: str, nbytes: int):
@@ -162,9 +166,10 @@ class MigrationEngine:
         """Finish copy-outs that are done: release device memory, or keep the tensor on error."""
         if self.releasing:
             self._reap_released()
-        for key, moved in list(self.moved.items()):
-            if moved.state != OFFLOADING or not moved.transfer.done():
+        for key, moved in list(self.copying_out.items()):
+            if not moved.transfer.done():
                 continue
+            del self.copying_out[key]
             record = records_by_key.get(key)
             if moved.transfer.error() is not None or record is None:
                 if moved.transfer.error() is not None:
@@ -189,15 +194,15 @@ class MigrationEngine:
 
     def wait_offloads(self, records_by_key) -> None:
         """Wait for every copy-out in flight (when memory is short, or at shutdown)."""
-        for moved in self.moved.values():
-            if moved.state == OFFLOADING:
-                _wait_quietly(moved.transfer)
+        for moved in self.copying_out.values():
+            _wait_quietly(moved.transfer)
         self.poll(records_by_key)
 
     def forget_dead(self, dead_keys) -> None:
         """Storages freed by the program while offloaded: their copies are garbage now."""
         for key in dead_keys:
             moved = self.moved.pop(key, None)
+            self.copying_out.pop(key, None)
             if moved is not None:
                 if moved.state == OFFLOADED:
                     self.offloaded_now -= moved.nbytes

@@ -54,10 +54,9 @@ def choose_files(backend: str, cuda: bool):
     return PosixFiles()
 
 
-def build_agent(settings: Settings):
+def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     from teraio_run.agent import RunAgent
 
-    plan, plan_path = plan_for_rank(settings)
     device_type = settings.device_type()
     cuda = device_type == "cuda"
     budget = plan.header.inputs.budget_bytes

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# TeraIO on the H200, in one device call (<= 10 min): the 1B example (bf16 autocast, fused
+# AdamW, seq 2048, batch 8) plain and uncapped, then profiled, planned for half of its traced
+# peak, and run under that cap; losses compared bit for bit. Results land flat in $OUT.
+# Run with the device tool: carry [".whl"], command `TERAIO_COMMIT=<sha> bash bench/gpu_teraio.sh`.
+set -u
+OUT=${OUT:-/tmp/teraio-out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_teraio.log") 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $(ls .whl/*.whl | grep -v deepspeed) || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+echo "date $(date -u +%FT%TZ) commit ${TERAIO_COMMIT:-unknown}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, kvikio, kvikio.defaults as d; print('torch', torch.__version__, 'kvikio', kvikio.__version__, 'compat', d.is_compat_mode_preferred())"
+EX=teraio/examples/train_gpt.py
+ARGS="--preset 1b --autocast bf16 --steps ${STEPS:-8} --log-every 1"
+SWAP=/tmp/teraio-swap
+step() { echo; echo "=== $1 ($(date -u +%T))"; }
+
+step "plain, uncapped"
+timeout 180 python3 $EX $ARGS --losses-out "$OUT/losses_plain.json"
+step "profile"
+timeout 180 python3 -m teraio profile -o "$OUT/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
+python3 -m teraio inspect "$OUT/trace_1b.msgpack" --json > "$OUT/trace_stats.json" || exit 1
+PEAK=$(python3 -c "import json; print(json.load(open('$OUT/trace_stats.json'))['peak_bytes'])")
+step "plan at half of the traced peak ($PEAK bytes)"
+python3 -m teraio plan "$OUT/trace_1b.msgpack" --gpu-mem $((PEAK / 2)) --ssds 1 --ssd-read-gbps 1.7 \
+    --ssd-write-gbps 2.0 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 -o "$OUT/plan_half.json"
+step "teraio run under the cap"
+timeout 240 python3 -m teraio run --plan "$OUT/plan_half.json" --ssd-dir $SWAP --report "$OUT/run_half.json" \
+    -- python3 $EX $ARGS --losses-out "$OUT/losses_half.json"
+step "twin-run check"
+cmp "$OUT/losses_plain.json" "$OUT/losses_half.json" && echo "losses identical" || echo "LOSSES DIFFER"

@@ -1,0 +1,3 @@
+from teraio.cli import main
+
+main()
