@@ -13,21 +13,25 @@ echo "date $(date -u +%FT%TZ) commit ${TERAIO_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, kvikio, kvikio.defaults as d; print('torch', torch.__version__, 'kvikio', kvikio.__version__, 'compat', d.is_compat_mode_preferred())"
 EX=teraio/examples/train_gpt.py
-ARGS="--preset 1b --autocast bf16 --steps ${STEPS:-8} --log-every 1"
+ARGS="--preset 1b --autocast bf16 --deterministic --steps ${STEPS:-6} --log-every 1"
 SWAP=/tmp/teraio-swap
+TMP=/tmp/teraio-losses; mkdir -p $TMP
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
 
 step "plain, uncapped"
-timeout 180 python3 $EX $ARGS --losses-out "$OUT/losses_plain.json"
+timeout 120 python3 $EX $ARGS --losses-out $TMP/plain.json
 step "profile"
-timeout 180 python3 -m teraio profile -o "$OUT/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
+timeout 150 python3 -m teraio profile -o "$OUT/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
 python3 -m teraio inspect "$OUT/trace_1b.msgpack" --json > "$OUT/trace_stats.json" || exit 1
 PEAK=$(python3 -c "import json; print(json.load(open('$OUT/trace_stats.json'))['peak_bytes'])")
-step "plan at half of the traced peak ($PEAK bytes)"
-python3 -m teraio plan "$OUT/trace_1b.msgpack" --gpu-mem $((PEAK / 2)) --ssds 1 --ssd-read-gbps 1.7 \
-    --ssd-write-gbps 2.0 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 -o "$OUT/plan_half.json"
-step "teraio run under the cap"
-timeout 240 python3 -m teraio run --plan "$OUT/plan_half.json" --ssd-dir $SWAP --report "$OUT/run_half.json" \
-    -- python3 $EX $ARGS --losses-out "$OUT/losses_half.json"
-step "twin-run check"
-cmp "$OUT/losses_plain.json" "$OUT/losses_half.json" && echo "losses identical" || echo "LOSSES DIFFER"
+for SHARE in 50 75; do
+  step "plan at ${SHARE}% of the traced peak ($PEAK bytes)"
+  python3 -m teraio plan "$OUT/trace_1b.msgpack" --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 --ssd-read-gbps 1.7 \
+      --ssd-write-gbps 2.0 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 -o "$OUT/plan_$SHARE.json"
+  step "teraio run under the ${SHARE}% cap"
+  timeout ${RUN_TIMEOUT:-150} python3 -m teraio run --plan "$OUT/plan_$SHARE.json" --ssd-dir $SWAP \
+      --report "$OUT/run_$SHARE.json" -- python3 $EX $ARGS --losses-out $TMP/run_$SHARE.json
+  step "twin-run check, ${SHARE}%"
+  cat $TMP/plain.json; echo; cat $TMP/run_$SHARE.json; echo
+  cmp $TMP/plain.json $TMP/run_$SHARE.json && echo "losses identical" || echo "LOSSES DIFFER"
+done

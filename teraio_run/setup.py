@@ -66,7 +66,10 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     ssd_dirs = settings.ssd_dirs or [str(Path(tempfile.gettempdir()) / "teraio-swap")]
     run_dirs = make_run_dirs(ssd_dirs, settings.rank)
     files = choose_files(settings.io_backend, cuda)
-    pool = HostPool(plan.header.prediction.host_pool_bytes, pin=cuda)
+    # The pool is what the user allowed (--host-mem), not just what the plan uses: unplanned
+    # stretches (iteration 0, drift) evict into it at PCIe speed instead of SSD speed.
+    inputs = plan.header.inputs
+    pool = HostPool(max(plan.header.prediction.host_pool_bytes, inputs.host_mem_bytes), pin=cuda)
     engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda)
     agent = RunAgent(plan, engine, device_type, budget)
     return agent, RunContext(settings, plan_path, run_dirs, files.name, threads)
