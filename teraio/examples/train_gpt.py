@@ -193,7 +193,7 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
-                   help="deterministic CUDA kernels, for bit-exact twin runs on a GPU")
+                   help="deterministic CUDA kernels (math attention), for bit-exact twin runs on a GPU")
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--losses-out", help="write the per-step losses as a JSON list (rank 0)")
     p.add_argument("--checkpoint-at", type=int, help="save model+optimizer after this step")
@@ -236,6 +236,9 @@ def main(argv=None):
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        for enable in (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
+                       torch.backends.cuda.enable_cudnn_sdp):
+            enable(False)  # their backward passes accumulate with atomics; the math path does not
     device, rank, world = setup_device(args.device)
     torch.manual_seed(args.seed)
     model = build_model(cfg, device)
