@@ -65,7 +65,8 @@ class ProfileAgent(WalkListener):
             command=s.command, world_size=s.world_size, rank=s.rank, device=self._device_info(),
             warmup_iterations=s.warmup, profiled_iterations=s.iterations,
             num_kernels=rec.kernels_in_window, num_tensors=len(tensors["id"]), op_digest=digest,
-            iteration_ms=round(float(np.median(rec.iteration_ms)), 3),
+            iteration_ms=round(float(min(rec.warm_iteration_ms or [np.median(rec.iteration_ms)])), 3),
+            kernel_time_scale=round(rec.time_scale, 4),
             timing="cuda_events" if self.device_type == "cuda" else "monotonic_clock",
         )
 

@@ -16,6 +16,7 @@ from teraio.formats.trace import Kind
 from teraio.walk import StorageRecord, WalkListener
 
 NOT_FREED = -1
+IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole run: never scanned for death
 
 
 class _TensorLife:
@@ -88,6 +89,8 @@ class TraceRecorder(WalkListener):
         self._iteration_t0 = time.perf_counter()
         self.finished = False
         self.kernels_in_window = 0
+        self._last_allocated = 0
+        self.warm_iteration_ms: list[float] = []  # synchronized wall time of warm-up iterations
 
     @property
     def recording(self) -> bool:
@@ -118,11 +121,12 @@ class TraceRecorder(WalkListener):
             if life is None:
                 born = k if record.born_iteration == self.iteration else -1
                 life = self.lives[record.key] = _TensorLife(record, born)
-                self.mortal.append(life)
+                if record.kind not in IMMORTAL_KINDS:
+                    self.mortal.append(life)
             life.uses.append(k)
 
     def _note_deaths(self, k):
-        if not self.mortal:
+        if not self.mortal or not self._maybe_freed():
             return
         offset = (self.iteration - self.warmup) * self.kernels_in_window if self.iteration > self.warmup else 0
         still = []
@@ -134,6 +138,8 @@ class TraceRecorder(WalkListener):
         self.mortal = still
 
     def on_iteration_end(self, iteration, num_kernels):
+        if 0 < iteration < self.warmup:
+            self.warm_iteration_ms.append(self._synchronized_ms())
         if self.recording:
             self._cur_us.extend(self.clock.collect_us())
             self.signatures.append(self._cur_sig)
@@ -143,19 +149,48 @@ class TraceRecorder(WalkListener):
             if iteration == self.warmup:
                 self.kernels_in_window = num_kernels
         self._cur_sig, self._cur_us = [], []
+        if self.clock.cuda:
+            torch.cuda.synchronize()
         self._iteration_t0 = time.perf_counter()
         self.iteration = iteration + 1
         self.finished = self.iteration >= self.warmup + self.iterations
 
+    def _maybe_freed(self) -> bool:
+        """On CUDA a storage can only have died if the allocator's count went down; checking
+        every live tensor after every op is what makes profiling slow."""
+        if self.device_type != "cuda":
+            return True
+        allocated = torch.cuda.memory_allocated()
+        dropped = allocated < self._last_allocated
+        self._last_allocated = allocated
+        return dropped
+
     # ----- assembling the tables -----------------------------------------------------------
     def steady(self) -> bool:
         return all(sig == self.signatures[0] for sig in self.signatures)
+
+    def _synchronized_ms(self) -> float:
+        if self.clock.cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - self._iteration_t0) * 1e3
+
+    def kernel_time_scale(self, event_sum_ms: float) -> float:
+        """Note [Kernel time under the profiler]: an interval between two CUDA events also
+        holds the GPU's idle time while the recording CPU prepares the next op, so the
+        recorded iteration is slower than a real one. When a warm-up iteration (after
+        iteration 0, which makes optimizer state) was timed, scale kernel times down so that
+        they add up to it, spreading the idle time over kernels in proportion."""
+        if not self.clock.cuda or not self.warm_iteration_ms or event_sum_ms <= 0:
+            return 1.0
+        return min(1.0, min(self.warm_iteration_ms) / event_sum_ms)
 
     def kernel_columns(self) -> dict:
         op_names = sorted(set(self.window_ops))
         index = {name: i for i, name in enumerate(op_names)}
         num_k = self.kernels_in_window
         durations = np.median(np.asarray(self.durations_us, dtype=np.float64), axis=0)
+        self.time_scale = self.kernel_time_scale(float(durations.sum()) / 1e3)
+        durations = durations * self.time_scale
         return {
             "op_names": op_names,
             "op": [index[name] for name in self.window_ops],

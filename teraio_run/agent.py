@@ -83,7 +83,9 @@ class RunAgent(WalkListener):
         self._keep_budget(inputs + new)
 
     def relieve_memory(self, inputs) -> bool:
-        """An op ran out of device memory: evict everything it does not use, then retry once."""
+        """An op ran out of device memory: evict everything it does not use, then retry once
+        (an op that fails allocating has not written its outputs yet, so a retry is safe)."""
+        self.engine.stats.oom_retries += 1
         with _disable_current_modes():
             self.engine.wait_offloads(self.walk.records)
             before = self.resident_bytes()

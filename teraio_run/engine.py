@@ -49,6 +49,7 @@ class Stats:
     io_errors: int = 0
     skipped: int = 0
     evictions: int = 0
+    oom_retries: int = 0
 
     def stall(self, cause: str, tensor_id: str, seconds: float) -> None:
         self.stall_count += 1

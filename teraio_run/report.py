@@ -38,6 +38,7 @@ def build_report(agent, context) -> RunReport:
         io_errors=stats.io_errors,
         skipped_actions=stats.skipped,
         on_demand_evictions=stats.evictions,
+        oom_retries=stats.oom_retries,
         peak_device_bytes=_peak_bytes(agent),
         budget_bytes=agent.budget_bytes,
         guard_trips=agent.guard_trips,

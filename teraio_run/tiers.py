@@ -127,6 +127,7 @@ class HostTier:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
         with torch.cuda.stream(self.h2d_stream):
             dst.copy_(src, non_blocking=True)
+            dst.record_stream(self.h2d_stream)  # freed before use: not reused under the copy
             event = torch.cuda.Event()
             event.record()
         return Transfer(event=event)

@@ -40,6 +40,7 @@ class RunReport(Strict):
     io_errors: int
     skipped_actions: int
     on_demand_evictions: int
+    oom_retries: int
     peak_device_bytes: int
     budget_bytes: int
     guard_trips: int

@@ -65,6 +65,7 @@ class TraceHeader(Strict):
     num_tensors: int
     op_digest: str
     iteration_ms: float
+    kernel_time_scale: float = 1.0
     untracked_bytes: int = 0
     memory_model_max_error: float | None = None
     timing: Literal["cuda_events", "monotonic_clock"]
