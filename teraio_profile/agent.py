@@ -46,8 +46,9 @@ class ProfileAgent(WalkListener):
     def write(self) -> str:
         rec = self.recorder
         if not rec.steady():
-            print("teraio: warning: profiled iterations ran different op sequences; the trace "
-                  "keeps the first one (use more --warmup if the job settles later)", file=sys.stderr)
+            lengths = ", ".join(str(len(sig)) for sig in rec.signatures)
+            print(f"teraio: warning: profiled iterations ran different op sequences ({lengths} ops); the "
+                  "trace keeps the first one (use more --warmup if the job settles later)", file=sys.stderr)
         kernels = rec.kernel_columns()
         tensors = rec.tensor_columns()
         header = self._header(kernels, tensors)
@@ -63,7 +64,7 @@ class ProfileAgent(WalkListener):
         return TraceHeader(
             producer=Producer(teraio=__version__, torch=torch.__version__, cuda=torch.version.cuda),
             command=s.command, world_size=s.world_size, rank=s.rank, device=self._device_info(),
-            warmup_iterations=s.warmup, profiled_iterations=s.iterations,
+            warmup_iterations=rec.window, profiled_iterations=s.iterations,
             num_kernels=rec.kernels_in_window, num_tensors=len(tensors["id"]), op_digest=digest,
             iteration_ms=round(float(min(rec.warm_iteration_ms or [np.median(rec.iteration_ms)])), 3),
             kernel_time_scale=round(rec.time_scale, 4),
@@ -92,8 +93,10 @@ class ProfileAgent(WalkListener):
         if self.walk.roots or self.walk.iteration:
             path = status_path(self.settings.status_dir)
             if path is not None:
+                window = self.recorder.window
+                needed = window + self.settings.iterations if window is not None else None
                 path.write_text(json.dumps({"iterations": self.walk.iteration, "trace": self.written,
-                                            "rank": self.settings.rank}))
+                                            "rank": self.settings.rank, "needed": needed}))
 
 
 def start(settings: Settings) -> ProfileAgent:

@@ -47,8 +47,10 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
         raise ScriptError(f"{script} exited with code {returncode} before the profile was complete; "
                           "fix the error shown above and profile again")
     steps = max((s["iterations"] for s in statuses), default=0)
+    needed = max([s["needed"] for s in statuses if s.get("needed")] + [needed])
     if steps == 0:
         raise ScriptError(f"{script} finished without an optimizer step: profile a script that trains, "
                           "or mark each iteration with teraio.walk.teraio_step()")
-    raise ScriptError(f"{script} finished after {steps} iteration(s), but the profile needs {needed} "
-                      "(warm-up + profiled): train for more steps or lower --warmup/--iterations")
+    raise ScriptError(f"{script} finished after {steps} iteration(s), but the profile needs at least {needed} "
+                      "(warm-up + profiled, plus the iterations until two in a row run the same ops): "
+                      "train for more steps or lower --warmup/--iterations")

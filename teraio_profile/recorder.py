@@ -1,10 +1,10 @@
 """Records the trace of a steady-state iteration while the user's script trains.
 
-Iterations 0 .. warmup-1 are skipped (AdamW makes its state in the first step; allocator
-caches warm up). Iteration `warmup` is the recorded window: every kernel and every storage
-it touches. Iterations warmup+1 .. warmup+iterations-1 only time their kernels (the trace
-keeps the median) and watch the window's tensors die (a gradient freed by the next
-zero_grad dies in the following iteration).
+At least `warmup` iterations are skipped, and more until the job is steady (Note [Steady
+state]). The next one is the recorded window: every kernel and every storage it touches.
+The `iterations - 1` after it only time their kernels (the trace keeps the median) and
+watch the window's tensors die (a gradient freed by the next zero_grad dies in the
+following iteration).
 """
 
 import time
@@ -16,6 +16,7 @@ from teraio.formats.trace import Kind
 from teraio.walk import StorageRecord, WalkListener
 
 NOT_FREED = -1
+MAX_SETTLE_ITERATIONS = 4
 IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole run: never scanned for death
 
 
@@ -90,24 +91,26 @@ class TraceRecorder(WalkListener):
         self.finished = False
         self.kernels_in_window = 0
         self._last_allocated = 0
-        self.warm_iteration_ms: list[float] = []  # synchronized wall time of warm-up iterations
+        self.warm_iteration_ms: list[float] = []
+        self.window: int | None = None            # the recorded iteration, once settled
+        self.history: list[int] = []              # one hash of the op sequence per iteration  # synchronized wall time of warm-up iterations
 
     @property
     def recording(self) -> bool:
-        return self.warmup <= self.iteration < self.warmup + self.iterations
+        return self.window is not None and self.window <= self.iteration < self.window + self.iterations
 
     def before_op(self, k, func, inputs):
         if self.recording:
             self._event = self.clock.start()
 
     def after_op(self, k, func, inputs, new, signature):
+        self._cur_sig.append(signature)
         if not self.recording:
             return
         duration = self.clock.stop(self._event)
         if duration is not None:
             self._cur_us.append(duration)
-        self._cur_sig.append(signature)
-        if self.iteration == self.warmup:
+        if self.iteration == self.window:
             self._record_window_op(k, func, inputs, new)
         self._note_deaths(k)
 
@@ -128,7 +131,7 @@ class TraceRecorder(WalkListener):
     def _note_deaths(self, k):
         if not self.mortal or not self._maybe_freed():
             return
-        offset = (self.iteration - self.warmup) * self.kernels_in_window if self.iteration > self.warmup else 0
+        offset = (self.iteration - self.window) * self.kernels_in_window
         still = []
         for life in self.mortal:
             if life.record.ref.expired():
@@ -138,7 +141,7 @@ class TraceRecorder(WalkListener):
         self.mortal = still
 
     def on_iteration_end(self, iteration, num_kernels):
-        if 0 < iteration < self.warmup:
+        if iteration > 0 and self.window is None:
             self.warm_iteration_ms.append(self._synchronized_ms())
         if self.recording:
             self._cur_us.extend(self.clock.collect_us())
@@ -146,14 +149,27 @@ class TraceRecorder(WalkListener):
             self.durations_us.append(self._cur_us)
             now = time.perf_counter()
             self.iteration_ms.append((now - self._iteration_t0) * 1e3)
-            if iteration == self.warmup:
+            if iteration == self.window:
                 self.kernels_in_window = num_kernels
+        self.history.append(hash(tuple(self._cur_sig)))
+        if self.window is None and self._settled(iteration + 1):
+            self.window = iteration + 1
         self._cur_sig, self._cur_us = [], []
         if self.clock.cuda:
             torch.cuda.synchronize()
         self._iteration_t0 = time.perf_counter()
         self.iteration = iteration + 1
-        self.finished = self.iteration >= self.warmup + self.iterations
+        self.finished = self.window is not None and self.iteration >= self.window + self.iterations
+
+    def _settled(self, next_iteration: int) -> bool:
+        """Note [Steady state]: record from the next iteration once the warm-up is over and the
+        last two iterations ran the same ops (DDP rebuilds its buckets after the first one;
+        AdamW makes its state in iteration 0), or after MAX_SETTLE_ITERATIONS more, whatever
+        the job does then."""
+        if next_iteration < self.warmup:
+            return False
+        repeated = len(self.history) >= 2 and self.history[-1] == self.history[-2]
+        return repeated or next_iteration >= self.warmup + MAX_SETTLE_ITERATIONS
 
     def _maybe_freed(self) -> bool:
         """On CUDA a storage can only have died if the allocator's count went down; checking
@@ -188,7 +204,9 @@ class TraceRecorder(WalkListener):
         op_names = sorted(set(self.window_ops))
         index = {name: i for i, name in enumerate(op_names)}
         num_k = self.kernels_in_window
-        durations = np.median(np.asarray(self.durations_us, dtype=np.float64), axis=0)
+        # Only iterations that ran the window's op sequence have comparable kernel times.
+        same = [d for d, sig in zip(self.durations_us, self.signatures) if sig == self.signatures[0]]
+        durations = np.median(np.asarray(same, dtype=np.float64), axis=0)
         self.time_scale = self.kernel_time_scale(float(durations.sum()) / 1e3)
         durations = durations * self.time_scale
         return {

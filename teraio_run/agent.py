@@ -25,13 +25,16 @@ from teraio.formats.plan import Plan
 from teraio.walk import OpWalk, WalkListener, activate
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
+FIRST_STEADY_ITERATION = 1   # iteration 0 makes optimizer state: it never matches a trace
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
                       # room for the next op's outputs (on CUDA the cap is hard)
 
 
 class RunAgent(WalkListener):
-    def __init__(self, plan: Plan, engine: MigrationEngine, device_type: str, budget_bytes: int):
+    def __init__(self, plan: Plan, engine: MigrationEngine, device_type: str, budget_bytes: int,
+                 strict: bool = False):
         self.plan = plan
+        self.strict = strict
         self.engine = engine
         self.cuda = device_type == "cuda"
         self.budget_bytes = budget_bytes
@@ -135,6 +138,8 @@ class RunAgent(WalkListener):
             self.iterations_on_plan += 1
         elif self.following:
             self._trip("the op stream of an iteration differed from the profiled one")
+        elif not matched and iteration == FIRST_STEADY_ITERATION and not self.iterations_on_plan:
+            self._refuse(digest, num_kernels)
         self.following = matched
         self.signatures = []
         with _disable_current_modes():
@@ -146,6 +151,15 @@ class RunAgent(WalkListener):
         for record in dead:
             self.last_use.pop(record.key, None)
         self.by_id = {r.id: r for r in self.walk.records.values()}
+
+    def _refuse(self, digest: str, num_kernels: int) -> None:
+        """The first steady iteration does not match: the plan was made for another job."""
+        ref = self.plan.header.trace
+        reason = (f"this job's iterations (op digest {digest}, {num_kernels} kernels) do not match the plan's "
+                  f"trace ({ref.op_digest}, {ref.num_kernels} kernels): re-profile and re-plan this job")
+        if self.strict:
+            raise PlanMismatchError(reason)
+        self._trip(reason)
 
     def _trip(self, reason: str) -> None:
         """Stop following the plan for the rest of this iteration (Note [When the plan is followed])."""

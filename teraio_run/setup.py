@@ -71,7 +71,7 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     inputs = plan.header.inputs
     pool = HostPool(max(plan.header.prediction.host_pool_bytes, inputs.host_mem_bytes), pin=cuda)
     engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda)
-    agent = RunAgent(plan, engine, device_type, budget)
+    agent = RunAgent(plan, engine, device_type, budget, strict=settings.strict)
     return agent, RunContext(settings, plan_path, run_dirs, files.name, threads)
 
 

@@ -1,0 +1,124 @@
+"""teraio profile and inspect, through the real CLI on the bundled example (CPU)."""
+
+import json
+
+import pytest
+
+from teraio.formats.trace import Kind, load_trace
+from cli_helpers import EXAMPLE, ok, one_line_error, teraio
+
+EXAMPLE_ARGS = ("--device", "cpu", "--steps", "6")
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("profile")
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", "python", EXAMPLE, *EXAMPLE_ARGS, cwd=tmp))
+    return tmp / "trace.msgpack"
+
+
+def test_kinds_come_from_model_and_optimizer(trace_path):
+    trace = load_trace(trace_path)
+    by_id = {tid: Kind(kind) for tid, kind in zip(trace.tensor_id, trace.kind)}
+    names = {name: Kind(kind) for name, kind in zip(trace.tensor_name, trace.kind)}
+    assert by_id["model.layers.0.self_attn.q_proj.weight"] == Kind.parameter
+    assert by_id["model.layers.1.mlp.up_proj.weight:exp_avg"] == Kind.optimizer_state
+    assert by_id["model.layers.1.mlp.up_proj.weight:exp_avg_sq"] == Kind.optimizer_state
+    assert names["model.layers.1.mlp.up_proj.weight.grad"] == Kind.gradient
+    assert any(kind == Kind.activation and "model.layers.0" in tid for tid, kind in by_id.items())
+    params = [tid for tid, kind in by_id.items() if kind == Kind.parameter]
+    assert len([t for t in by_id if t.endswith(":exp_avg")]) == len(params)
+
+
+def test_lifetimes_are_consistent(trace_path):
+    trace = load_trace(trace_path)
+    n = trace.num_kernels
+    for i in range(trace.num_tensors):
+        uses = trace.uses(i)
+        assert len(uses) and (uses[:-1] <= uses[1:]).all()
+        if trace.born[i] >= 0:  # an intermediate is used only while it lives
+            assert trace.born[i] == uses[0] and uses[-1] < trace.freed[i] <= 2 * n
+    assert trace.header.world_size == 1 and trace.header.num_kernels == n
+
+
+def test_ids_are_stable_across_profiles(trace_path, tmp_path):
+    ok(teraio("profile", "-o", tmp_path / "again.msgpack", "--", "python", EXAMPLE, *EXAMPLE_ARGS, cwd=tmp_path))
+    first, second = load_trace(trace_path), load_trace(tmp_path / "again.msgpack")
+    assert first.header.op_digest == second.header.op_digest
+    assert first.tensor_id == second.tensor_id
+
+
+def test_inspect_json_has_the_figures(trace_path, tmp_path):
+    stats = json.loads(ok(teraio("inspect", trace_path, "--json", cwd=tmp_path)).stdout)
+    for key in ("format", "schema_version", "num_kernels", "num_tensors", "iterations_profiled", "peak_bytes",
+                "device", "tensors_by_kind", "active_fraction_mean"):
+        assert key in stats
+    assert stats["format"] == "teraio-trace" and stats["iterations_profiled"] == 2
+    assert 0 < stats["active_fraction_mean"] < 1
+    assert stats["tensors_by_kind"]["parameter"] > 0
+    view = ok(teraio("inspect", trace_path, cwd=tmp_path)).stdout
+    assert "Largest tensors" in view and "Idle periods" in view
+
+
+def test_two_rank_torchrun_writes_a_trace_per_rank(tmp_path):
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", "torchrun", "--nproc-per-node", "2",
+              EXAMPLE, *EXAMPLE_ARGS, cwd=tmp_path))
+    ranks = [load_trace(tmp_path / f"t.rank{r}.msgpack") for r in (0, 1)]
+    assert [t.header.rank for t in ranks] == [0, 1]
+    assert all(t.header.world_size == 2 for t in ranks)
+    assert any(name.startswith("all") or "c10d" in name for name in ranks[0].op_names), ranks[0].op_names
+
+
+# ----- bad input: one line, an exit code, no traceback, nothing half-written -------------------
+
+def test_missing_script(tmp_path):
+    assert "does not exist" in one_line_error(teraio("profile", "nope.py", cwd=tmp_path), 2)
+
+
+def test_not_a_python_script(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert "not a Python script" in one_line_error(teraio("profile", "notes.txt", cwd=tmp_path), 2)
+
+
+def test_crashing_script_shows_its_traceback_then_our_line(tmp_path):
+    (tmp_path / "boom.py").write_text("import torch\nraise ValueError('broken data')\n")
+    proc = teraio("profile", "boom.py", cwd=tmp_path)
+    assert "ValueError: broken data" in proc.stderr
+    assert "exited with code 1" in one_line_error(proc, 4)
+
+
+def test_script_without_optimizer_step(tmp_path):
+    (tmp_path / "idle.py").write_text("import torch\nprint(torch.ones(3).sum())\n")
+    assert "without an optimizer step" in one_line_error(teraio("profile", "idle.py", cwd=tmp_path), 4)
+
+
+def test_too_few_steps_says_how_many(tmp_path):
+    proc = teraio("profile", "--iterations", "5", "--", "python", EXAMPLE, *EXAMPLE_ARGS,
+                  cwd=tmp_path)
+    assert "after 6 iteration(s), but the profile needs at least 8" in one_line_error(proc, 4)
+
+
+def test_failed_profile_keeps_the_previous_trace(trace_path, tmp_path):
+    good = tmp_path / "trace.msgpack"
+    good.write_bytes(trace_path.read_bytes())
+    (tmp_path / "boom.py").write_text("import torch\nraise SystemExit(3)\n")
+    one_line_error(teraio("profile", "-o", good, "boom.py", cwd=tmp_path), 4)
+    assert good.read_bytes() == trace_path.read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_unwritable_output_folder(tmp_path):
+    proc = teraio("profile", "-o", tmp_path / "missing" / "t.msgpack", "--", "python", EXAMPLE, cwd=tmp_path)
+    assert "does not exist" in one_line_error(proc, 2)
+
+
+def test_inspect_rejects_truncated_foreign_and_future_files(trace_path, tmp_path):
+    (tmp_path / "cut.msgpack").write_bytes(trace_path.read_bytes()[:1000])
+    assert "not a TeraIO file" in one_line_error(teraio("inspect", "cut.msgpack", cwd=tmp_path), 3)
+    (tmp_path / "x.json").write_text('{"header": {"format": "other"}}')
+    assert "not a TeraIO file" in one_line_error(teraio("inspect", "x.json", cwd=tmp_path), 3)
+    import msgpack
+    raw = msgpack.unpackb(trace_path.read_bytes())
+    raw["header"]["schema_version"] = 99
+    (tmp_path / "future.msgpack").write_bytes(msgpack.packb(raw))
+    assert "upgrade teraio" in one_line_error(teraio("inspect", "future.msgpack", cwd=tmp_path), 3)
