@@ -41,7 +41,7 @@ class StorageRecord:
     """What the walk knows of one live storage. `state` belongs to the listener."""
 
     __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration",
-                 "born_kernel", "state")
+                 "born_kernel", "pinned", "state")
 
     def __init__(self, key, tensor_id, kind, tensor, ref, iteration, kernel):
         self.key = key
@@ -54,6 +54,7 @@ class StorageRecord:
         self.ref = ref
         self.born_iteration = iteration
         self.born_kernel = kernel
+        self.pinned = False   # used by a collective: never moved (Note [Collective buffers])
         self.state = None
 
     def storage(self):
@@ -180,7 +181,8 @@ class OpWalk(TorchDispatchMode):
         record = self.records.get(key)
         if record is None:
             return
-        record.name, record.kind = tensor_id, kind
+        record.name = tensor_id
+        record.kind = Kind.other if record.pinned else kind
         # A gradient born in this iteration keeps its birth id: the runtime meets it at its
         # birth op. Anything the owners hold across a boundary is resolved by owner name.
         if kind != Kind.gradient or record.born_iteration < self.iteration:
@@ -206,6 +208,8 @@ class OpWalk(TorchDispatchMode):
         k = self.kernel
         self.kernel += 1
         inputs = self._records_of(tree_leaves((args, kwargs)), func, "in")
+        if func.namespace == "c10d":
+            self._pin(inputs)
         self.listener.before_op(k, func, inputs)
         try:
             out = func(*args, **kwargs)
@@ -217,6 +221,14 @@ class OpWalk(TorchDispatchMode):
         new = [r for r in self._records_of(tree_leaves(out), func, None) if r.key not in known]
         self.listener.after_op(k, func, inputs, new, op_signature(func, out))
         return out
+
+    @staticmethod
+    def _pin(records) -> None:
+        """Note [Collective buffers]: a collective returns before its transfer is done (gloo
+        threads, NCCL streams) and DDP keeps its buckets for the whole run, so whatever a
+        c10d op touches is never a candidate for moving: it becomes kind `other`."""
+        for record in records:
+            record.kind, record.pinned = Kind.other, True
 
     def _records_of(self, leaves, func, label) -> list[StorageRecord]:
         records, seen = [], set()

@@ -5,7 +5,7 @@ Plan actions are keyed by kernel index, which only means something while the liv
 is the profiled one. An iteration follows the plan only if the previous iteration's op
 digest and length matched the plan's trace (so iteration 0, whose first optimizer step
 creates AdamW state, runs unplanned, and so does anything after a drift), and it stops
-following the moment it runs past the trace's kernel count. Unplanned stretches stay within
+no action is keyed past the trace's kernel count (ops after the last step, say). Unplanned stretches stay within
 budget by on-demand eviction of the least recently used tensors. Neither path can corrupt
 training: every op's inputs are made resident first (MigrationEngine.ensure_resident).
 """
@@ -22,10 +22,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
+from teraio.formats.trace import Kind
 from teraio.walk import OpWalk, WalkListener, activate
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
-FIRST_STEADY_ITERATION = 1   # iteration 0 makes optimizer state: it never matches a trace
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
                       # room for the next op's outputs (on CUDA the cap is hard)
 
@@ -52,6 +52,7 @@ class RunAgent(WalkListener):
         self.guard_trips = 0
         self.guard_reason = ""
         self.peak_bytes = 0
+        self._ddp = None   # whether the model is wrapped in DDP, known at the first gradient
 
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
@@ -71,17 +72,24 @@ class RunAgent(WalkListener):
         for record in inputs:
             self.last_use[record.key] = self.tick
 
+    def _movable(self, record) -> bool:
+        """Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
+        into .grad from its communication threads, where no dispatch mode runs, so a
+        gradient we had released would be written through a dangling pointer. Under DDP
+        gradients stay on the device; everything else still moves."""
+        if record.kind == Kind.gradient and self._ddp is None:
+            self._ddp = any(type(root).__name__ == "DistributedDataParallel" for root in self.walk.roots)
+        return not (record.kind == Kind.gradient and self._ddp)
+
     def after_op(self, k, func, inputs, new, signature):
         self.signatures.append(signature)
         for record in new:
             self.by_id[record.id] = record
             self.last_use[record.key] = self.tick
-        if self.following and k >= self.num_kernels:
-            self._trip(f"the iteration ran past the trace's {self.num_kernels} kernels")
         if self.following:
             for entry in self.offloads_after.get(k, ()):
                 record = self.by_id.get(entry.tensor)
-                if record is not None:
+                if record is not None and self._movable(record):
                     self.engine.offload(record, entry.tier)
         self._keep_budget(inputs + new)
 
@@ -115,7 +123,7 @@ class RunAgent(WalkListener):
         target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
         candidates = [r for r in self.walk.records.values()
                       if r.kind in MOVABLE_KINDS and r.key not in protected and r.key not in self.engine.moved
-                      and not r.ref.expired()]
+                      and not r.ref.expired() and self._movable(r)]
         candidates.sort(key=lambda r: self.last_use.get(r.key, 0))
         for record in candidates:
             if resident <= target:
@@ -138,7 +146,7 @@ class RunAgent(WalkListener):
             self.iterations_on_plan += 1
         elif self.following:
             self._trip("the op stream of an iteration differed from the profiled one")
-        elif not matched and iteration == FIRST_STEADY_ITERATION and not self.iterations_on_plan:
+        elif not matched and iteration == self.plan.header.trace.steady_from_iteration and not self.iterations_on_plan:
             self._refuse(digest, num_kernels)
         self.following = matched
         self.signatures = []
@@ -153,7 +161,7 @@ class RunAgent(WalkListener):
         self.by_id = {r.id: r for r in self.walk.records.values()}
 
     def _refuse(self, digest: str, num_kernels: int) -> None:
-        """The first steady iteration does not match: the plan was made for another job."""
+        """The iteration that was profiled does not match: the plan was made for another job."""
         ref = self.plan.header.trace
         reason = (f"this job's iterations (op digest {digest}, {num_kernels} kernels) do not match the plan's "
                   f"trace ({ref.op_digest}, {ref.num_kernels} kernels): re-profile and re-plan this job")

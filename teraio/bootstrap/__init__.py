@@ -1,13 +1,18 @@
 """Starts the agent for TERAIO_MODE in this process (called once torch is imported)."""
 
 import os
+import sys
+from pathlib import Path
 
 from teraio.settings import Settings
+
+LAUNCHER_MODULES = ("torch/distributed/run.py", "torch/distributed/launch.py")
 
 
 def is_launcher_process() -> bool:
     """torchrun's own process imports torch too, but trains nothing: leave it alone."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" not in os.environ
+    launcher = Path(sys.argv[0]).name == "torchrun" or sys.argv[0].endswith(LAUNCHER_MODULES)
+    return launcher and "LOCAL_RANK" not in os.environ
 
 
 def start():

@@ -11,7 +11,7 @@ console = Console(highlight=False)
 @click.command("profile", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @click.option("-o", "--output", "trace_out", default="trace.msgpack", show_default=True,
               help="Trace file; each rank of a multi-process job writes NAME.rankN.msgpack.")
-@click.option("--warmup", default=1, show_default=True, help="Iterations to skip before recording.")
+@click.option("--warmup", default=1, show_default=True, help="Iterations to skip at least; recording waits until two iterations in a row ran the same ops.")
 @click.option("--iterations", default=2, show_default=True,
               help="Iterations profiled; kernel times are their median.")
 @click.option("--run-to-completion", is_flag=True, help="Keep training after the trace is written.")
@@ -22,8 +22,9 @@ def command(trace_out, warmup, iterations, run_to_completion, device, command):
     """Run a training script and record one steady-state iteration.
 
     \b
-    An iteration ends at each optimizer.step(); after WARMUP + ITERATIONS of them
-    the trace is written and the script is ended (unless --run-to-completion).
+    An iteration ends at each optimizer.step(). After the warm-up (and once two
+    iterations in a row ran the same ops) ITERATIONS more are profiled, the trace
+    is written and the script is ended (unless --run-to-completion).
     \b
     Examples:
       teraio profile train.py --lr 3e-4

@@ -36,6 +36,7 @@ class TraceRef(Strict):
     rank: int
     world_size: int
     device: str
+    steady_from_iteration: int = Field(1, description="the profiled iteration: the job is steady from here on")
 
 
 class PlannerInputs(Strict):

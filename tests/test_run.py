@@ -1,0 +1,162 @@
+"""teraio run: a run under any plan trains exactly like a plain run (the twin-run oracle).
+
+All through the real CLI on the bundled example (CPU): swap files through the POSIX backend,
+a host pool in plain memory, gradient accumulation, clipping and an LR scheduler on.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from teraio.formats.plan import load_plan, save_plan
+from teraio.formats.report import load_report
+from teraio.formats.trace import live_bytes_per_kernel, load_trace
+from cli_helpers import EXAMPLE, example, losses, ok, one_line_error, teraio
+from runtime_helpers import every_period_plan
+
+ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """One profile and one plain run of the example, shared by the tests here."""
+    tmp = tmp_path_factory.mktemp("run")
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", "python", EXAMPLE, *ARGS, cwd=tmp))
+    ok(example(*ARGS[2:], "--losses-out", tmp / "plain.json", "--state-out", tmp / "plain.pt",
+               "--checkpoint-at", 4, "--checkpoint-out", tmp / "plain_ckpt.pt", cwd=tmp))
+    return tmp
+
+
+def peak_bytes(trace) -> int:
+    return int(live_bytes_per_kernel(trace).max())
+
+
+def run_example(work, tmp_path, plan, *extra):
+    report = tmp_path / "run.json"
+    proc = teraio("run", "--plan", plan, "--ssd-dir", tmp_path / "ssd", "--report", report, *extra, "--",
+                  "python", EXAMPLE, *ARGS, "--losses-out", tmp_path / "losses.json", "--state-out",
+                  tmp_path / "state.pt", "--checkpoint-at", 4, "--checkpoint-out", tmp_path / "ckpt.pt",
+                  cwd=tmp_path)
+    ok(proc)
+    return proc, (load_report(report) if report.exists() else None)
+
+
+def assert_twin(work, tmp_path):
+    """Same losses bit for bit, same final weights and same mid-run checkpoint."""
+    assert losses(tmp_path / "losses.json") == losses(work / "plain.json")
+    for name, plain in (("state.pt", "plain.pt"), ("ckpt.pt", "plain_ckpt.pt")):
+        mine, theirs = torch.load(tmp_path / name), torch.load(work / plain)
+        _assert_same(mine, theirs)
+
+
+def _assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path):
+    trace = load_trace(work / "trace.msgpack")
+    plan = every_period_plan(trace, budget_bytes=peak_bytes(trace) // 2)
+    assert {e.kind for e in plan.entries} == {"parameter", "gradient", "optimizer_state", "activation"}
+    save_plan(plan, tmp_path / "plan.json")
+    _, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert_twin(work, tmp_path)
+    assert report.iterations == 7 and report.iterations_on_plan >= 3
+    assert report.offloaded_bytes["host"] > 0 and report.offloaded_bytes["ssd"] > 0
+    assert report.prefetched_bytes["ssd"] > 0 and report.io_backend == "posix"
+    assert report.guard_trips <= 1  # the checkpoint at step 4 adds ops to one iteration
+
+
+def test_planner_plan_at_half_the_peak_trains_identically_within_budget(work, tmp_path):
+    trace = load_trace(work / "trace.msgpack")
+    budget = peak_bytes(trace) // 2
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", budget, "--ssds", 1, "--host-mem", budget // 2,
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    assert load_plan(tmp_path / "plan.json").entries
+    _, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert_twin(work, tmp_path)
+    assert report.peak_device_bytes <= report.budget_bytes == budget
+
+
+def test_empty_plan_leaves_the_job_untouched(work, tmp_path):
+    trace = load_trace(work / "trace.msgpack")
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", 2 * peak_bytes(trace), "--ssds", 1,
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert "moves nothing" in proc.stderr and report is None
+    assert_twin(work, tmp_path)
+
+
+def test_plan_of_another_job_is_refused_and_training_stays_correct(work, tmp_path):
+    other = tmp_path / "other.msgpack"
+    ok(teraio("profile", "-o", other, "--", "python", EXAMPLE, "--device", "cpu", "--layers", 3, cwd=tmp_path))
+    plan = every_period_plan(load_trace(other), budget_bytes=peak_bytes(load_trace(other)) // 2)
+    save_plan(plan, tmp_path / "plan.json")
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert "do not match the plan's trace" in proc.stderr
+    assert report.iterations_on_plan == 0 and report.guard_trips == 1
+    assert_twin(work, tmp_path)
+
+
+def test_swap_folders_are_removed_and_stale_ones_cleaned(work, tmp_path):
+    stale = tmp_path / "ssd" / "teraio-999999-r0"  # a run killed earlier: its pid is gone
+    stale.mkdir(parents=True)
+    (stale / "1.bin").write_bytes(b"x")
+    trace = load_trace(work / "trace.msgpack")
+    save_plan(every_period_plan(trace, peak_bytes(trace) // 2, tiers=("ssd",)), tmp_path / "plan.json")
+    run_example(work, tmp_path, tmp_path / "plan.json")
+    assert list((tmp_path / "ssd").iterdir()) == []
+
+
+def test_two_rank_torchrun_with_per_rank_plans(tmp_path):
+    args = ("--device", "cpu", "--steps", "6")
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", "torchrun", "--nproc-per-node", 2, EXAMPLE, *args,
+              cwd=tmp_path))
+    for rank in (0, 1):
+        trace = load_trace(tmp_path / f"t.rank{rank}.msgpack")
+        save_plan(every_period_plan(trace, peak_bytes(trace) // 2), tmp_path / f"plan.rank{rank}.json")
+    ok(teraio("run", "--plan", tmp_path / "plan.json", "--report", tmp_path / "run.json", "--ssd-dir",
+              tmp_path / "ssd", "--", "torchrun", "--nproc-per-node", 2, EXAMPLE, *args, "--losses-out",
+              tmp_path / "planned.json", cwd=tmp_path))
+    ok(teraio("profile", "--run-to-completion", "-o", tmp_path / "ignored.msgpack", "--", "torchrun",
+              "--nproc-per-node", 2, EXAMPLE, *args, "--losses-out", tmp_path / "profiled.json", cwd=tmp_path))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    env_cmd = ("torchrun", "--nproc-per-node", "2", str(EXAMPLE), *args, "--losses-out", str(plain / "l.json"))
+    import subprocess
+    import sys
+    subprocess.run(env_cmd, cwd=plain, check=True, capture_output=True,
+                   env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+    assert losses(tmp_path / "planned.json") == losses(plain / "l.json") == losses(tmp_path / "profiled.json")
+    for rank in (0, 1):
+        report = load_report(tmp_path / f"run.rank{rank}.json")
+        assert report.header.rank == rank and report.iterations_on_plan >= 1
+
+
+def test_missing_plan_is_one_clear_line(tmp_path):
+    proc = teraio("run", "--plan", tmp_path / "nope.json", "--", "python", EXAMPLE, cwd=tmp_path)
+    assert "does not exist" in one_line_error(proc, 3)
+
+
+def test_plan_for_another_rank_is_refused(work, tmp_path):
+    trace = load_trace(work / "trace.msgpack")
+    plan = every_period_plan(trace, peak_bytes(trace) // 2)
+    plan = plan.model_copy(update={"header": plan.header.model_copy(
+        update={"trace": plan.header.trace.model_copy(update={"rank": 1, "world_size": 2})})})
+    save_plan(plan, tmp_path / "plan.json")
+    proc = teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--", "python", EXAMPLE, *ARGS, cwd=tmp_path)
+    assert proc.returncode != 0 and "made for rank 1 of 2" in proc.stderr
