@@ -62,9 +62,10 @@ def cap_of(result):
 
 
 def newest(results):
-    """One result per (system, cap): the newest that succeeded, else the newest."""
+    """One result per (system, cap): the newest that succeeded, else the newest failure, else skip."""
     chosen = {}
-    for r in sorted(results, key=lambda r: (r["status"] == "ok", r.get("env", {}).get("date") or "")):
+    rank = {"ok": 2, "failed": 1}  # then skipped; a real outcome beats a run that never started
+    for r in sorted(results, key=lambda r: (rank.get(r["status"], 0), r.get("env", {}).get("date") or "")):
         chosen[(r["system"], cap_of(r))] = r
     return chosen
 
@@ -149,7 +150,7 @@ def speedups(chosen, caps, ideal):
         ours = chosen.get(("teraio_mixed", cap))
         if not ours or ours["status"] != "ok":
             continue
-        for rival in ("zero_offload", "zero_infinity"):
+        for rival in ("zero_offload", "zero_offload+ckpt", "zero_infinity"):
             theirs = chosen.get((rival, cap))
             ratio = ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes"))
             if theirs and theirs["status"] == "ok":

@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--nvme-dir", default="/tmp/ds_nvme", help="zero_infinity swap folder (one disk = one SSD)")
+    p.add_argument("--act-ckpt", action="store_true",
+                   help="also checkpoint every decoder layer (e.g. zero_offload+ckpt); recorded in the system name")
+    p.add_argument("--skip", metavar="REASON", help="write a 'skipped' result with this reason, run nothing")
     p.add_argument("--label", help="free text kept in the result, e.g. 'cap 1/2 of ideal'")
     p.add_argument("--timeout-s", type=float, default=600, help="the child run is killed after this")
     p.add_argument("--out", required=True, help="result file: .json (written) or .jsonl (appended)")
@@ -164,6 +167,9 @@ def build_deepspeed(args, cfg, batch, device, info):
     else:
         with torch.device(device):
             model = GPT(cfg)
+    if args.act_ckpt:
+        for layer in model.model.layers:
+            checkpoint_layer(layer)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
     def step(x, y, autocast):
@@ -182,7 +188,7 @@ def build_plain(args, cfg, device, info):
     from teraio.examples.train_gpt import build_model, make_optimizer
 
     model = build_model(cfg, device)
-    if args.system == "checkpointing":
+    if args.system == "checkpointing" or args.act_ckpt:
         for layer in model.model.layers:
             checkpoint_layer(layer)
     optimizer = make_optimizer(model, args.lr, device)
@@ -249,8 +255,6 @@ def train(args, info, metrics):
     cfg, batch = model_config(args)
     device = pick_device(args.device)
     info["device"] = device
-    if args.system.startswith("zero_") and device.type != "cuda":
-        raise RuntimeError(f"{args.system} needs a CUDA device (DeepSpeed cpu_adam/async_io)")
     metrics["gpu_mem_cap_bytes"] = apply_cap(args, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = not args.no_tf32
@@ -384,14 +388,19 @@ def build_result(args, child, rc, tail):
               "dtype": args.dtype, "tf32": not args.no_tf32, "gpu_mem": args.gpu_mem,
               "gpu_mem_cap_bytes": parse_size(args.gpu_mem) if args.gpu_mem else None, "warmup_steps": args.warmup,
               "measured_steps": args.steps, "seed": args.seed, "lr": args.lr, "lr_schedule": "constant",
-              "clip": args.clip, "system_config": result.pop("system_config", None),
+              "clip": args.clip, "act_ckpt": args.act_ckpt or args.system == "checkpointing",
+              "system_config": result.pop("system_config", None),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
     env.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                git_commit=git_commit(), code_sha256=code_sha256())
-    return {"format": RESULT_FORMAT, "schema_version": RESULT_VERSION, "system": args.system,
+    return {"format": RESULT_FORMAT, "schema_version": RESULT_VERSION, "system": system_name(args),
             "label": args.label, "status": result["status"], "error": result["error"],
             "failed_at": result["failed_at"], "config": config,
             "metrics": {**metrics, "bytes_moved": None, "stall_ms": None}, "env": env}
+
+
+def system_name(args):
+    return f"{args.system}+ckpt" if args.act_ckpt and args.system != "checkpointing" else args.system
 
 
 def write_result(result, out):
@@ -409,13 +418,17 @@ def main(argv=None):
     args = parse_args(argv)
     if args.child:
         return run_child(args)
-    child, rc, tail = run_supervised(argv, args)
+    if args.skip:
+        child, rc, tail = {"status": "skipped", "error": args.skip, "failed_at": None}, None, []
+    else:
+        child, rc, tail = run_supervised(argv, args)
     result = build_result(args, child, rc, tail)
     write_result(result, args.out)
     m = result["metrics"]
     summary = (f"tok/s {m['tokens_per_s']:.0f} step_ms {m['step_ms_median']:.1f}" if result["status"] == "ok"
-               else f"FAILED at {result['failed_at']}: {result['error']}")
-    print(f"[bench] {args.system} {args.preset} {args.dtype} cap={args.gpu_mem or 'none'}: {summary}", flush=True)
+               else f"{result['status'].upper()}{' at ' + result['failed_at'] if result['failed_at'] else ''}: "
+               f"{result['error']}")
+    print(f"[bench] {system_name(args)} {args.preset} {args.dtype} cap={args.gpu_mem or 'none'}: {summary}", flush=True)
     return 0
 
 

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Issue 5 baselines on the H200 in ONE device call (<= 10 min): a ~3B Llama-shaped model
+# (preset 3b: 2.91B params, fp32 weights + AdamW, TF32 matmuls, batch 4 x seq 2048), first the
+# ideal run uncapped, then every baseline capped at 1/2 and 1/4 of the ideal's peak (the model
+# "needs 2x / 4x" the cap), 3 warm-up + 10 measured steps each. Results are appended, one JSON
+# line per run, to $OUT/baselines.jsonl (a cut-off call still returns what finished); the log
+# is $OUT/gpu_baselines.log. A run that does not fit the remaining time gets a "skipped" line.
+#
+# Device tool: carry [".whl"], timeout_s 600, command:
+#   bash bench/gpu_baselines.sh              # ideal, ZeRO-Offload, checkpointing, save_on_cpu (+ extras)
+#   IDEAL_PEAK=<bytes> bash bench/gpu_baselines.sh infinity    # ZeRO-Infinity alone at 2x (slow disk)
+# Then copy $OUT/baselines.jsonl into bench/results/ and run `python bench/report.py`.
+set -u
+START=$SECONDS
+BUDGET=${BUDGET_S:-560}                 # seconds for the whole script (the call's limit is 600)
+MODE=${1:-main}
+OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
+RES=$OUT/baselines.jsonl
+exec > >(tee -a "$OUT/gpu_baselines.log") 2>&1
+if [[ -z ${SKIP_INSTALL:-} ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+export TERAIO_COMMIT=${TERAIO_COMMIT:-unknown}
+echo "date $(date -u +%FT%TZ) mode $MODE commit $TERAIO_COMMIT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+# MODEL_ARGS / IDEAL_PEAK / SKIP_INSTALL exist for a CPU smoke test of this script's flow.
+read -r -a MODEL <<< "${MODEL_ARGS:---preset 3b --dtype fp32 --warmup 3 --steps 10}"
+
+left() { echo $((BUDGET - (SECONDS - START))); }
+# run SYSTEM LIMIT_S [ARGS...]: one result line; skipped (not started) if time is short.
+run() {
+    local system=$1 limit=$2; shift 2
+    local remain; remain=$(left)
+    echo; echo "=== $system $* (at $((SECONDS - START)) s, $remain s left)"
+    if (( remain < 45 )); then
+        python3 bench/run_baseline.py --system "$system" "${MODEL[@]}" "$@" --out "$RES" \
+            --skip "not run: the device call's time ran out ($remain s left)"
+        return
+    fi
+    (( limit > remain - 10 )) && limit=$((remain - 10))
+    python3 bench/run_baseline.py --system "$system" "${MODEL[@]}" "$@" --timeout-s "$limit" --out "$RES"
+}
+# The last ok ideal's peak device bytes in $RES, or nothing.
+ideal_peak() {
+    python3 - "$RES" <<'PY'
+import json, sys
+ok = [r for r in map(json.loads, open(sys.argv[1])) if r["system"] == "ideal" and r["status"] == "ok"]
+print((ok[-1]["metrics"]["peak_device_bytes"] or "") if ok else "")
+PY
+}
+# DeepSpeed's ops compile on first use: build cpu_adam now, so no measured run pays for it.
+build_ops() {
+    echo; echo "=== building DeepSpeed ops: $*"
+    timeout 240 python3 -c "import sys, deepspeed.ops.op_builder as b; [getattr(b, n)().load() for n in sys.argv[1:]]" "$@" \
+        || echo "op build failed: the DeepSpeed runs will fail and say why"
+}
+
+if [[ $MODE == infinity ]]; then
+    # async_io needs libaio: the Debian packages travel unpacked-on-arrival in .whl/libaio.
+    for f in .whl/libaio/*.deb; do dpkg -x "$f" /tmp/libaio; done
+    export CPATH=/tmp/libaio/usr/include LIBRARY_PATH=/tmp/libaio/usr/lib/x86_64-linux-gnu
+    export LD_LIBRARY_PATH=$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export CFLAGS="-I$CPATH" LDFLAGS="-L$LIBRARY_PATH"
+    PEAK=${IDEAL_PEAK:-}
+    [[ -z $PEAK ]] && { run ideal 150; PEAK=$(ideal_peak); }
+    [[ -z $PEAK ]] && { echo "no ideal peak: cannot derive the cap"; exit 1; }
+    build_ops AsyncIOBuilder CPUAdamBuilder
+    # One disk at ~1.5 GB/s moves ~46 GB of states each way per step: few steps, or no result.
+    MODEL+=(--warmup 1 --steps 2)
+    run zero_infinity 420 --gpu-mem $((PEAK / 2)) --label "cap 1/2 of ideal peak" --nvme-dir /tmp/ds_nvme
+    rm -rf /tmp/ds_nvme
+    exit 0
+fi
+
+run ideal 150
+PEAK=$(ideal_peak)
+if [[ -z $PEAK && -z ${IDEAL_PEAK:-} ]]; then  # batch 4 did not fit uncapped: everything at batch 2
+    MODEL+=(--batch 2)
+    run ideal 120
+    PEAK=$(ideal_peak)
+fi
+PEAK=${PEAK:-${IDEAL_PEAK:-}}
+[[ -z $PEAK ]] && { echo "no ideal run succeeded: no caps to derive"; exit 1; }
+CAP2=$((PEAK / 2)) CAP4=$((PEAK / 4))
+echo "ideal peak $PEAK bytes: caps $CAP2 (2x) and $CAP4 (4x)"
+build_ops CPUAdamBuilder
+for cap in "$CAP2 2" "$CAP4 4"; do
+    set -- $cap
+    label="cap 1/$2 of ideal peak"
+    run zero_offload 150 --gpu-mem "$1" --label "$label"
+    run checkpointing 120 --gpu-mem "$1" --label "$label"
+    run save_on_cpu 150 --gpu-mem "$1" --label "$label"
+done
+# Extras, as time allows: ZeRO-Offload as people run it (with activation checkpointing), and
+# plain PyTorch under the cap (expected to run out of memory).
+run zero_offload 150 --act-ckpt --gpu-mem "$CAP2" --label "cap 1/2 of ideal peak"
+run zero_offload 150 --act-ckpt --gpu-mem "$CAP4" --label "cap 1/4 of ideal peak"
+run plain_capped 90 --gpu-mem "$CAP2" --label "cap 1/2 of ideal peak"
+echo "done at $((SECONDS - START)) s"

@@ -1,0 +1,98 @@
+"""bench/: a CPU run of run_baseline.py writes a valid result, failures become result rows, and
+report.py renders them (failed and missing rows flagged)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+TINY = ["--preset", "tiny", "--device", "cpu", "--warmup", "1", "--steps", "3"]
+
+
+def bench(args, out):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(BENCH / "run_baseline.py"), *args, "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("results")
+    out = folder / "cpu.jsonl"
+    for system in ("ideal", "checkpointing", "save_on_cpu"):
+        bench(["--system", system, *TINY], out)
+    bench(["--system", "plain_capped", "--gpu-mem", "1GiB", *TINY], out)  # a cap needs CUDA: fails
+    bench(["--system", "ideal", *TINY, "--timeout-s", "0.2"], folder / "timeout.json")
+    by_system = {}
+    for line in out.read_text().splitlines():
+        r = json.loads(line)
+        by_system[r["system"]] = r
+    return folder, by_system, json.loads((folder / "timeout.json").read_text())
+
+
+def test_result_is_complete(results):
+    _, by_system, _ = results
+    r = by_system["ideal"]
+    assert (r["format"], r["schema_version"], r["status"], r["error"]) == ("teraio-bench-result", 1, "ok", None)
+    m, c = r["metrics"], r["config"]
+    assert len(m["step_ms"]) == 3 and len(m["losses"]) == 4
+    assert m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
+    assert m["tokens_per_s"] == pytest.approx(4 * 64 / (m["step_ms_median"] / 1e3))
+    assert m["host_rss_peak_bytes"] > 0 and m["peak_device_bytes"] is None
+    assert (c["layers"], c["dim"], c["seq"], c["batch"], c["params"]) == (2, 128, 64, 4, 459392)
+    assert c["gpu_mem_cap_bytes"] is None and c["measured_steps"] == 3
+    for key in ("date", "git_commit", "code_sha256", "device_name", "torch"):
+        assert r["env"][key]
+
+
+def test_systems_train_the_same_model(results):
+    """Recomputation and saving on CPU change where activations live, not the arithmetic."""
+    _, by_system, _ = results
+    ideal = by_system["ideal"]["metrics"]["losses"]
+    assert by_system["checkpointing"]["config"]["act_ckpt"] is True
+    for system in ("checkpointing", "save_on_cpu"):
+        assert by_system[system]["status"] == "ok"
+        assert by_system[system]["metrics"]["losses"] == pytest.approx(ideal, rel=1e-6)
+
+
+def test_failures_are_results(results):
+    _, by_system, timed_out = results
+    failed = by_system["plain_capped"]
+    assert failed["status"] == "failed" and failed["failed_at"] == "setup"
+    assert "needs a CUDA device" in failed["error"]
+    assert failed["config"]["gpu_mem_cap_bytes"] == 2**30
+    assert timed_out["status"] == "failed" and timed_out["failed_at"] == "timeout"
+
+
+def test_report_flags_failed_and_missing(results, tmp_path):
+    folder, _, _ = results
+    (folder / "junk.json").write_text('{"format": "something-else"}')
+    md, png = tmp_path / "BENCHMARKS.md", tmp_path / "bench.png"
+    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), "--results", str(folder), "--md", str(md),
+                           "--png", str(png)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = md.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+
+    def row(system, cap):
+        (line,) = [r for r in rows if r.split("|")[1].strip() == system and r.split("|")[6].strip().endswith(cap)]
+        return line
+
+    assert "100.0%" in row("ideal", "none") and row("checkpointing", "none").endswith("| ok |")
+    assert "**failed** (setup): RuntimeError: --gpu-mem needs a CUDA device" in row("plain_capped", "1.0")
+    assert "**missing**" in row("zero_offload", "1.0") and "**missing**" in row("teraio_mixed", "1.0")
+    assert "junk.json: not a teraio-bench-result object" in text
+    assert "**failed** (timeout)" not in text  # an ok run of the same configuration wins
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "no plot" in text
+    else:
+        assert png.stat().st_size > 0 and f"]({png.name})" in text
