@@ -18,8 +18,10 @@ SWAP=/tmp/teraio-swap
 TMP=/tmp/teraio-losses; mkdir -p $TMP
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
 
-step "plain, uncapped"
+step "plain, uncapped, twice (is the baseline itself deterministic?)"
 timeout 120 python3 $EX $ARGS --losses-out $TMP/plain.json
+timeout 120 python3 $EX $ARGS --losses-out $TMP/plain2.json
+cmp $TMP/plain.json $TMP/plain2.json && echo "plain runs identical" || echo "PLAIN RUNS DIFFER"
 step "profile"
 timeout 150 python3 -m teraio profile -o "$OUT/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
 python3 -m teraio inspect "$OUT/trace_1b.msgpack" --json > "$OUT/trace_stats.json" || exit 1

@@ -99,14 +99,16 @@ class RunAgent(WalkListener):
         self.engine.stats.oom_retries += 1
         with _disable_current_modes():
             self.engine.wait_offloads(self.walk.records)
+            self.engine.wait_freeing()
             before = self.resident_bytes()
             after = self._evict(before, {r.key for r in inputs}, target=0)
+            self.engine.wait_freeing()  # the allocator may reuse those blocks only after the copies
         return after < before
 
     # ----- memory ---------------------------------------------------------------------------
     def resident_bytes(self) -> int:
         if self.cuda:
-            return torch.cuda.memory_allocated()
+            return torch.cuda.memory_allocated() - self.engine.pending_free_bytes()
         live = sum(r.nbytes for r in self.walk.records.values() if not r.ref.expired())
         return live - self.engine.offloaded_now
 
