@@ -27,6 +27,20 @@ def mirror_add(arr: np.ndarray, lo: int, hi: int, values) -> None:
         arr[:hi - num_k] += tail
 
 
+def mirror_set(arr: np.ndarray, lo: int, hi: int, values: np.ndarray) -> None:
+    """arr[lo:hi] = values, and the same on the mirrored slots."""
+    num_k = len(arr) // 2
+    arr[lo:hi] = values
+    if hi <= num_k:
+        arr[lo + num_k:hi + num_k] = values
+    elif lo >= num_k:
+        arr[lo - num_k:hi - num_k] = values
+    else:
+        cut = num_k - lo
+        arr[lo + num_k:] = values[:cut]
+        arr[:hi - num_k] = values[cut:]
+
+
 def walk_forward(tier: np.ndarray, link: np.ndarray, lo: int, hi: int, nbytes: float) -> int:
     """First kernel j in [lo, hi) by whose end the residual bandwidth has carried nbytes; -1 if none."""
     pos, carried, chunk = lo, 0.0, FIRST_CHUNK_KERNELS
