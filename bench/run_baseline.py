@@ -295,7 +295,6 @@ def run_child(args):
     metrics["host_rss_bytes"], metrics["host_rss_peak_bytes"] = host_rss()
     result.update(metrics=metrics, system_config=info.get("system_config"), env=child_env(info))
     Path(args.child).write_text(json.dumps(result))
-    return 0
 
 
 def child_env(info):
@@ -364,7 +363,10 @@ def run_supervised(argv, args):
     reader.join(timeout=5)
     text = Path(result_path).read_text()
     os.unlink(result_path)
-    child = json.loads(text) if text and rc != "timeout" else None
+    try:
+        child = json.loads(text) if text else None  # written before a hang at exit still counts
+    except ValueError:  # cut off mid-write by the timeout
+        child = None
     return child, rc, list(tail)
 
 
@@ -417,7 +419,11 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.child:
-        return run_child(args)
+        run_child(args)
+        sys.stdout.flush()
+        # Skip interpreter teardown: a process group or pinned pools left by a failed run can
+        # hang at exit, and the result is already on disk.
+        os._exit(0)
     if args.skip:
         child, rc, tail = {"status": "skipped", "error": args.skip, "failed_at": None}, None, []
     else:

@@ -96,3 +96,16 @@ def test_report_flags_failed_and_missing(results, tmp_path):
         assert "no plot" in text
     else:
         assert png.stat().st_size > 0 and f"]({png.name})" in text
+
+
+@pytest.mark.slow
+def test_zero_offload_on_cpu_trains_the_same_model(results, tmp_path):
+    """Where DeepSpeed is installed, ZeRO-Offload (CPU accelerator, cpu_adam) matches the ideal run."""
+    pytest.importorskip("deepspeed")
+    _, by_system, _ = results
+    out = tmp_path / "zero.json"
+    bench(["--system", "zero_offload", *TINY], out)
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok", r["error"]
+    assert r["config"]["system_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert r["metrics"]["losses"] == pytest.approx(by_system["ideal"]["metrics"]["losses"], rel=1e-5)
