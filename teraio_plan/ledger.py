@@ -77,3 +77,59 @@ def reserve(tier: np.ndarray, link: np.ndarray, lo: int, hi: int, nbytes: float,
     order[-1] = min(float(order[-1]), max(0.0, nbytes - before_last))
     mirror_add(tier, lo, hi, -take)
     mirror_add(link, lo, hi, -take)  # take <= both residuals, so neither goes negative
+
+
+def walk_many(tier: np.ndarray, link: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+              nbytes: np.ndarray, forward: bool, prefix=None) -> np.ndarray:
+    """walk_forward / walk_backward for many periods at once (one row each); -1 where none.
+
+    Short walks (the common case: a transfer spans a few kernels) gather the next kernels of
+    every row into one 2-D block, so they cost the transfers' lengths, not the windows'.
+    Rows still unresolved after that (saturated ledgers, long transfers) search a prefix sum
+    of the residual, `prefix()`, built once per ledger state by the caller.
+    """
+    found, todo = _walk_short(tier, link, lo, hi, nbytes, forward)
+    if len(todo):
+        found[todo] = _walk_prefix(prefix(), lo[todo], hi[todo], nbytes[todo], forward)
+    return found
+
+
+def residual_prefix(tier: np.ndarray, link: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(np.minimum(tier, link))))
+
+
+def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
+                 forward: bool) -> np.ndarray:
+    need = nbytes * (1 - REL_EPS)
+    if forward:
+        j = np.searchsorted(prefix, prefix[lo] + need, side="left") - 1
+        return np.where(j < hi, j, -1)
+    i = np.searchsorted(prefix, prefix[hi] - need, side="right") - 1
+    return np.where(i >= lo, i, -1)
+
+
+def _walk_short(tier, link, lo, hi, nbytes, forward, rounds: int = 2):
+    """Up to `rounds` gathered rounds (64 then 256 kernels); returns (found, unresolved rows)."""
+    found = np.full(len(lo), -1, dtype=np.int64)
+    carried = np.zeros(len(lo))
+    done = np.zeros(len(lo), dtype=np.int64)       # kernels already walked per row
+    todo = np.arange(len(lo))
+    need = nbytes * (1 - REL_EPS)
+    chunk = FIRST_CHUNK_KERNELS // 4
+    for _ in range(rounds):
+        if not len(todo):
+            break
+        steps = done[todo, None] + np.arange(chunk)
+        pos = (lo[todo, None] + steps) if forward else (hi[todo, None] - 1 - steps)
+        inside = steps < (hi - lo)[todo, None]
+        pos = np.clip(pos, 0, len(tier) - 1)
+        avail = np.where(inside, np.minimum(tier[pos], link[pos]), 0.0)
+        cum = np.cumsum(avail, axis=1) + carried[todo, None]
+        hit = cum >= need[todo, None]
+        got = hit.any(axis=1)
+        first = np.argmax(hit, axis=1)
+        found[todo[got]] = pos[got, first[got]]
+        carried[todo], done[todo] = cum[:, -1], done[todo] + chunk
+        todo = todo[~got & (done[todo] < (hi - lo)[todo])]
+        chunk *= 4
+    return found, todo

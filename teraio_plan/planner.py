@@ -27,6 +27,11 @@ from teraio_plan.periods import Periods, find_periods, unrolled_prefix_us
 # unless it would relieve less than this share of what the host tier would.
 SSD_PREFERENCE = 0.8
 PROGRESS_EVERY_PICKS = 64
+# Stale periods re-evaluated together (vectorized); doubled while a round finds no winner.
+FIRST_BATCH = 16
+MAX_BATCH = 1024
+# After this many exact evaluations for one pick, take the best found (Note [Lazy greedy]).
+MAX_EVALUATIONS_PER_PICK = 240
 # Take a re-evaluated period when it is within this factor of the best stale bound: values
 # creep down by small amounts after every pick, and insisting on the exact maximum would
 # re-evaluate the whole heap over and over for differences nobody can measure.
@@ -74,6 +79,10 @@ class _Planner:
         self.capacity = {p: self.tau2 * self.rates.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
         self.ledgers = {p: c.copy() for p, c in self.capacity.items()}
         self.tiers = [t for t in TIERS if self._tier_on(t)]
+        self.latency_ok = {t: self._fits_latency(t, self.periods) for t in self.tiers}
+        self.host_peak = 0
+        self.version = 0
+        self.prefix_cache: dict[tuple[str, int], np.ndarray] = {}
 
     def _tier_on(self, tier: str) -> bool:
         return self.rates.peak(tier, True) > 0 and self.rates.peak(tier, False) > 0
@@ -110,11 +119,17 @@ class _Planner:
         round_trip_us = p.nbytes / self.rates.peak(tier, True) + p.nbytes / self.rates.peak(tier, False)
         return p.window_us > round_trip_us + 2 * self.inputs.latency_us
 
-    # --- exact evaluation of one period against the current ledgers and memory
+    # --- exact evaluation of many periods at once against the current ledgers and memory
 
     def evaluate(self, i: int) -> Choice | None:
-        found = {t: self._evaluate_tier(i, t) for t in self.tiers}
-        ssd, host = found.get("ssd"), found.get("host")
+        return self.evaluate_many(np.asarray([i]))[0]
+
+    def evaluate_many(self, ids: np.ndarray) -> list[Choice | None]:
+        found = {t: self._evaluate_tier(ids, t) for t in self.tiers}
+        return [self._choose(found, row) for row in range(len(ids))]
+
+    def _choose(self, found: dict, row: int) -> Choice | None:
+        ssd, host = (_pick(found.get(t), row, t) for t in TIERS)
         if ssd is not None and (host is None or ssd.per_byte_us >= SSD_PREFERENCE * host.per_byte_us):
             ssd.why = "ssd first" if host is None else "ssd first (host would gain little more)"
             return ssd
@@ -124,37 +139,70 @@ class _Planner:
             return host
         return None
 
-    def _evaluate_tier(self, i: int, tier: str) -> Choice | None:
-        p, s = self.periods, int(self.periods.nbytes[i])
-        a, e = int(p.start[i]), int(p.end[i])
-        if tier == "host" and self.host_occ2[a + 1:e].max() + s > self.inputs.host_mem_bytes:
-            return None
-        if not self._fits_latency_one(tier, i):
-            return None
-        led = self.ledgers
-        t_off = ledger.walk_forward(led[OUT_PATH[tier]], led["out"], a + 1, e, s)
-        if t_off < 0:
-            return None
-        t_pre = ledger.walk_backward(led[IN_PATH[tier]], led["in"], t_off + 1, e, s)
-        if t_pre < 0 or t_pre - t_off < 2:
-            return None
-        return Choice(tier, self._benefit_per_byte(t_off, t_pre, s), t_off, t_pre, "")
+    def _evaluate_tier(self, ids: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(benefit per byte, offload_by, prefetch_at) per period; benefit -1 where not viable."""
+        p, led = self.periods, self.ledgers
+        a, e, s = p.start[ids], p.end[ids], p.nbytes[ids].astype(np.float64)
+        ok = self.latency_ok[tier][ids] & self._host_room(ids, tier)
+        t_off = np.full(len(ids), -1, dtype=np.int64)
+        t_pre = np.full(len(ids), -1, dtype=np.int64)
+        out, into = OUT_PATH[tier], IN_PATH[tier]
+        t_off[ok] = ledger.walk_many(led[out], led["out"], a[ok] + 1, e[ok], s[ok], True, self._prefix(out, "out"))
+        ok &= t_off >= 0
+        t_pre[ok] = ledger.walk_many(led[into], led["in"], t_off[ok] + 1, e[ok], s[ok], False, self._prefix(into, "in"))
+        ok &= (t_pre >= 0) & (t_pre - t_off >= 2)
+        value = np.full(len(ids), -1.0)
+        value[ok] = self._benefits(t_off[ok] + 1, t_pre[ok], s[ok])
+        return value, t_off, t_pre
 
-    def _fits_latency_one(self, tier: str, i: int) -> bool:
-        s = float(self.periods.nbytes[i])
-        need = s / self.rates.peak(tier, True) + s / self.rates.peak(tier, False) + 2 * self.inputs.latency_us
-        return float(self.periods.window_us[i]) > need
+    def _prefix(self, path: str, link: str) -> Callable[[], np.ndarray]:
+        """The residual prefix sum of path+link, built at most once per ledger state."""
+        def get() -> np.ndarray:
+            key = (path, self.version)
+            if key not in self.prefix_cache:
+                self.prefix_cache = {k: v for k, v in self.prefix_cache.items() if k[1] == self.version}
+                self.prefix_cache[key] = ledger.residual_prefix(self.ledgers[path], self.ledgers[link])
+            return self.prefix_cache[key]
+        return get
 
-    def _benefit_per_byte(self, t_off: int, t_pre: int, nbytes: int) -> float:
-        """Over-budget time relieved, per byte, over the kernels the tensor is away (t_off, t_pre).
+    def _host_room(self, ids: np.ndarray, tier: str) -> np.ndarray:
+        """Whether the pinned pool can hold each tensor over its whole period."""
+        if tier != "host":
+            return np.ones(len(ids), dtype=bool)
+        s, cap = self.periods.nbytes[ids], self.inputs.host_mem_bytes
+        room = s + self.host_peak <= cap  # the common case: the pool is nowhere near full
+        for row in np.flatnonzero(~room & (s <= cap)):
+            i = ids[row]
+            a, e = int(self.periods.start[i]), int(self.periods.end[i])
+            room[row] = self.host_occ2[a + 1:e].max() + s[row] <= cap
+        return room
+
+    def _benefits(self, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Benefit per byte of keeping each tensor away over kernels [lo, hi).
 
         Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
         away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size, which
-        favours big tensors over the long stretches where little is over budget.
+        favours big tensors over long stretches where little is over budget. Periods of one
+        size share a prefix sum over the over-budget kernels when that is cheaper than slicing.
         """
-        idx = self.over.between(t_off + 1, t_pre)
+        out = np.zeros(len(lo))
+        pos = self.over.pos
+        for size in np.unique(nbytes):
+            rows = np.flatnonzero(nbytes == size)
+            if len(pos) < int((hi[rows] - lo[rows]).sum()):
+                w = np.minimum(self.excess2[pos], size) * self.tau2[pos]
+                prefix = np.concatenate(([0.0], np.cumsum(w)))
+                i0, i1 = np.searchsorted(pos, lo[rows]), np.searchsorted(pos, hi[rows])
+                out[rows] = (prefix[i1] - prefix[i0]) / size
+            else:
+                for r in rows:
+                    out[r] = self._benefit_per_byte(int(lo[r]), int(hi[r]), size)
+        return out
+
+    def _benefit_per_byte(self, lo: int, hi: int, nbytes: float) -> float:
+        idx = self.over.between(lo, hi)
         if idx is None:
-            return _dot(np.minimum(self.excess2[t_off + 1:t_pre], nbytes), self.tau2[t_off + 1:t_pre]) / nbytes
+            return _dot(np.minimum(self.excess2[lo:hi], nbytes), self.tau2[lo:hi]) / nbytes
         return _dot(np.minimum(self.excess2[idx], nbytes), self.tau2[idx]) / nbytes
 
     # --- taking a period
@@ -171,6 +219,7 @@ class _Planner:
         if tier == "host":
             # The pool holds the bytes from the start of the copy-out to the end of the copy-in.
             ledger.mirror_add(self.host_occ2, a + 1, e, s)
+            self.host_peak = max(self.host_peak, int(self.host_occ2[a + 1:e].max()))
         return self._entry(i, choice)
 
     def _lower_excess(self, lo: int, hi: int) -> None:
@@ -203,33 +252,70 @@ class _Planner:
         return int(round(self.m2[:self.num_k].max())) if self.num_k else 0
 
     def run(self, progress: Callable[[float], None] | None) -> list[PlanEntry]:
+        """Pick periods until the budget holds or nothing viable is left (Note [Lazy greedy])."""
+        self.evaluations, self.version = 0, 0
         entries: list[PlanEntry] = []
-        self.evaluations = 0
         first_excess = self.peak() - self.budget
         if first_excess <= 0:
             return entries
         idx, keys = self.initial_keys()
-        heap = [(-float(k), int(i)) for k, i in zip(keys, idx)]
-        heapq.heapify(heap)
-        nbytes = self.periods.nbytes
-        while heap and self.over_kernels > 0:
-            stale, i = heapq.heappop(heap)
-            # A cheap bound first: most pops after a pick end here without touching any array.
-            bound = min(-stale, self.excess_mass / float(nbytes[i]))
-            if heap and bound < LAZY_TOLERANCE * -heap[0][0]:
-                heapq.heappush(heap, (-bound, i))
+        self.heap = [(-float(k), int(i), -1) for k, i in zip(keys, idx)]  # (-bound, period, version)
+        heapq.heapify(self.heap)
+        self.taken = np.zeros(len(self.periods), dtype=bool)
+        self.fresh: dict[int, Choice] = {}
+        batch, spent = FIRST_BATCH, 0
+        while self.over_kernels > 0 and self._drop_taken():
+            pick = self._fresh_pick(spent >= MAX_EVALUATIONS_PER_PICK)
+            if pick is None:
+                before = self.evaluations
+                batch = min(MAX_BATCH, batch * 2) if self._refresh(batch) else batch
+                spent += self.evaluations - before
                 continue
-            self.evaluations += 1
-            choice = self.evaluate(i)
-            if choice is None or choice.per_byte_us <= 0:
-                continue  # values only fall (Note [Lazy greedy]): it will never help again
-            if heap and choice.per_byte_us < LAZY_TOLERANCE * -heap[0][0]:
-                heapq.heappush(heap, (-choice.per_byte_us, i))
-                continue
-            entries.append(self.accept(i, choice))
+            spent = 0
+            entries.append(self.accept(pick, self.fresh[pick]))
+            self.taken[pick], self.version, self.fresh, batch = True, self.version + 1, {}, FIRST_BATCH
             if progress is not None and len(entries) % PROGRESS_EVERY_PICKS == 0:
                 progress(min(1.0, 1 - (self.peak() - self.budget) / first_excess))
         return entries
+
+    def _drop_taken(self) -> bool:
+        while self.heap and self.taken[self.heap[0][1]]:
+            heapq.heappop(self.heap)
+        return bool(self.heap)
+
+    def _fresh_pick(self, settle: bool) -> int | None:
+        """A period evaluated since the last pick that (nearly) beats every stale bound.
+
+        With `settle`, the best evaluated so far: enough work has gone into this pick.
+        """
+        _, top, stamp = self.heap[0]
+        if stamp == self.version:
+            return top  # exact now, and at least every other upper bound
+        if not self.fresh:
+            return None
+        best = max(self.fresh, key=lambda i: (self.fresh[i].per_byte_us, -i))
+        good = self.fresh[best].per_byte_us >= LAZY_TOLERANCE * -self.heap[0][0]
+        return best if good or settle else None
+
+    def _refresh(self, size: int) -> bool:
+        """Re-evaluate up to `size` stale periods from the top; True if that was not enough."""
+        ids, nbytes = [], self.periods.nbytes
+        while len(ids) < size and self.heap and self.heap[0][2] != self.version:
+            neg, i, _ = heapq.heappop(self.heap)
+            if self.taken[i]:
+                continue
+            # A cheap bound first: after a pick most bounds drop below the next without any array work.
+            bound = min(-neg, self.excess_mass / float(nbytes[i]))
+            if self.heap and bound < LAZY_TOLERANCE * -self.heap[0][0]:
+                heapq.heappush(self.heap, (-bound, i, -1))
+                continue
+            ids.append(i)
+        self.evaluations += len(ids)
+        for i, choice in zip(ids, self.evaluate_many(np.asarray(ids, dtype=np.int64))):
+            if choice is not None and choice.per_byte_us > 0:  # else it never helps again
+                self.fresh[i] = choice
+                heapq.heappush(self.heap, (-choice.per_byte_us, i, self.version))
+        return bool(self.heap) and self.heap[0][2] != self.version
 
     def result(self, entries: list[PlanEntry]) -> PlannerResult:
         n = self.num_k
@@ -239,6 +325,13 @@ class _Planner:
             ledgers={k: v[:n].copy() for k, v in self.ledgers.items()},
             capacity={k: v[:n].copy() for k, v in self.capacity.items()},
         )
+
+
+def _pick(found, row: int, tier: str) -> Choice | None:
+    if found is None or found[0][row] <= 0:
+        return None
+    value, t_off, t_pre = found
+    return Choice(tier, float(value[row]), int(t_off[row]), int(t_pre[row]), "")
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
