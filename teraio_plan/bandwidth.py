@@ -7,9 +7,15 @@ Note [Bandwidth model]
         d2h = h2d = host_gbps * 1e3               device <-> pinned host pool
         out = in = pcie_gbps * 1e3                the device's link, one per direction,
                                                   shared by SSD and host traffic
-    A transfer of s bytes on tier path p moves at most min(p, link) bytes/us, and all
-    transfers in one direction together never exceed the link. During kernel k (tau[k] us)
-    path p can carry at most p * tau[k] bytes: the planner's per-kernel ledgers start there.
+    The link is split between the tiers, SSD first (it is the scarcer path):
+        ssd_out  = min(d2s, out)            host_out = min(d2h, out - ssd_out)
+        ssd_in   = min(s2d, in)             host_in  = min(h2d, in - ssd_in)
+    so each tier has its own rate and both together never exceed the link. During kernel k
+    (tau[k] us) a tier can carry rate * tau[k] bytes each way: the planner's per-kernel
+    ledgers start there. The simulator lets host traffic also use whatever share of the
+    link SSD traffic leaves idle, so the planner's split is what the replay can count on.
+    (A split rather than one shared ledger: with a shared one, the replay's queues cannot
+    keep both tiers to the planner's per-kernel shares, and prefetches would come back late.)
     Each transfer also pays `latency_us` once (submission, completion); the planner only
     keeps periods whose window exceeds both transfers at full rate plus two latencies.
     Kernels take their profiled time whatever the traffic (copies run on side streams).
@@ -42,10 +48,12 @@ class Rates:
         return getattr(self, "into" if name == "in" else name)
 
     def peak(self, tier: str, outbound: bool) -> float:
-        """The fastest one transfer can move on this tier and direction."""
-        if outbound:
-            return min(self.path(OUT_PATH[tier]), self.out)
-        return min(self.path(IN_PATH[tier]), self.into)
+        """The tier's share of the link in this direction (see Note [Bandwidth model])."""
+        link = self.out if outbound else self.into
+        ssd = min(self.d2s if outbound else self.s2d, link)
+        if tier == "ssd":
+            return ssd
+        return max(0.0, min(self.d2h if outbound else self.h2d, link - ssd))
 
 
 def rates(inputs: PlannerInputs) -> Rates:

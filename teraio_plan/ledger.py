@@ -41,61 +41,39 @@ def mirror_set(arr: np.ndarray, lo: int, hi: int, values: np.ndarray) -> None:
         arr[:hi - num_k] = values[cut:]
 
 
-def walk_forward(tier: np.ndarray, link: np.ndarray, lo: int, hi: int, nbytes: float) -> int:
-    """First kernel j in [lo, hi) by whose end the residual bandwidth has carried nbytes; -1 if none."""
-    pos, carried, chunk = lo, 0.0, FIRST_CHUNK_KERNELS
-    need = nbytes * (1 - REL_EPS)
-    while pos < hi:
-        end = min(hi, pos + chunk)
-        cum = np.cumsum(np.minimum(tier[pos:end], link[pos:end])) + carried
-        j = int(np.searchsorted(cum, need))
-        if j < len(cum):
-            return pos + j
-        carried, pos, chunk = float(cum[-1]), end, chunk * 4
-    return -1
+def reserve(residual: np.ndarray, lo: int, hi: int, nbytes: float, forward: bool) -> np.ndarray:
+    """Take nbytes from the residual of kernels [lo, hi), filling from the front (or back).
 
-
-def walk_backward(tier: np.ndarray, link: np.ndarray, lo: int, hi: int, nbytes: float) -> int:
-    """Last kernel i in [lo, hi) such that kernels i..hi-1 can carry nbytes; -1 if none."""
-    end, carried, chunk = hi, 0.0, FIRST_CHUNK_KERNELS
-    need = nbytes * (1 - REL_EPS)
-    while end > lo:
-        start = max(lo, end - chunk)
-        cum = np.cumsum(np.minimum(tier[start:end], link[start:end])[::-1]) + carried
-        j = int(np.searchsorted(cum, need))
-        if j < len(cum):
-            return end - 1 - j
-        carried, end, chunk = float(cum[-1]), start, chunk * 4
-    return -1
-
-
-def reserve(tier: np.ndarray, link: np.ndarray, lo: int, hi: int, nbytes: float, forward: bool) -> None:
-    """Take nbytes from the residuals of kernels [lo, hi), filling from the front (or back)."""
-    take = np.minimum(tier[lo:hi], link[lo:hi])
+    Returns what was taken per kernel (for the link's accounts).
+    """
+    take = residual[lo:hi].copy()
     order = take if forward else take[::-1]
     before_last = float(order[:-1].sum())
     order[-1] = min(float(order[-1]), max(0.0, nbytes - before_last))
-    mirror_add(tier, lo, hi, -take)
-    mirror_add(link, lo, hi, -take)  # take <= both residuals, so neither goes negative
+    mirror_add(residual, lo, hi, -take)  # take <= residual, so it never goes negative
+    return take
 
 
-def walk_many(tier: np.ndarray, link: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-              nbytes: np.ndarray, forward: bool, prefix=None) -> np.ndarray:
-    """walk_forward / walk_backward for many periods at once (one row each); -1 where none.
+def walk_many(residual: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
+              forward: bool, prefix) -> np.ndarray:
+    """Per period (one row each), walking the residual bandwidth of kernels [lo, hi):
+    forward, the first kernel by whose end nbytes have been carried (the offload is done);
+    backward, the last kernel from which kernels up to hi - 1 can still carry nbytes (the
+    prefetch must start there). -1 where the window cannot carry it.
 
     Short walks (the common case: a transfer spans a few kernels) gather the next kernels of
     every row into one 2-D block, so they cost the transfers' lengths, not the windows'.
     Rows still unresolved after that (saturated ledgers, long transfers) search a prefix sum
     of the residual, `prefix()`, built once per ledger state by the caller.
     """
-    found, todo = _walk_short(tier, link, lo, hi, nbytes, forward)
+    found, todo = _walk_short(residual, lo, hi, nbytes, forward)
     if len(todo):
         found[todo] = _walk_prefix(prefix(), lo[todo], hi[todo], nbytes[todo], forward)
     return found
 
 
-def residual_prefix(tier: np.ndarray, link: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(np.minimum(tier, link))))
+def residual_prefix(residual: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(residual)))
 
 
 def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
@@ -108,7 +86,7 @@ def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.
     return np.where(i >= lo, i, -1)
 
 
-def _walk_short(tier, link, lo, hi, nbytes, forward, rounds: int = 2):
+def _walk_short(residual, lo, hi, nbytes, forward, rounds: int = 2):
     """Up to `rounds` gathered rounds (64 then 256 kernels); returns (found, unresolved rows)."""
     found = np.full(len(lo), -1, dtype=np.int64)
     carried = np.zeros(len(lo))
@@ -122,8 +100,8 @@ def _walk_short(tier, link, lo, hi, nbytes, forward, rounds: int = 2):
         steps = done[todo, None] + np.arange(chunk)
         pos = (lo[todo, None] + steps) if forward else (hi[todo, None] - 1 - steps)
         inside = steps < (hi - lo)[todo, None]
-        pos = np.clip(pos, 0, len(tier) - 1)
-        avail = np.where(inside, np.minimum(tier[pos], link[pos]), 0.0)
+        pos = np.clip(pos, 0, len(residual) - 1)
+        avail = np.where(inside, residual[pos], 0.0)
         cum = np.cumsum(avail, axis=1) + carried[todo, None]
         hit = cum >= need[todo, None]
         got = hit.any(axis=1)

@@ -55,6 +55,7 @@ class PlannerResult:
     host_pool_bytes: int
     ledgers: dict[str, np.ndarray]  # residual bytes per kernel slot, per path
     capacity: dict[str, np.ndarray]
+    link_bytes: dict[str, np.ndarray]  # both tiers' traffic per kernel slot, per direction
     evaluations: int = 0            # exact period evaluations it took (for the benchmark)
 
 
@@ -76,8 +77,11 @@ class _Planner:
         # so mass / nbytes bounds any period's benefit per byte at O(1) (see run()).
         self.excess_mass = float(self.excess2[:self.num_k] @ self.tau2[:self.num_k])
         self.host_occ2 = np.zeros(2 * self.num_k, dtype=np.int64)
-        self.capacity = {p: self.tau2 * self.rates.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
+        self.capacity = {OUT_PATH[t]: self.tau2 * self.rates.peak(t, True) for t in TIERS}
+        self.capacity |= {IN_PATH[t]: self.tau2 * self.rates.peak(t, False) for t in TIERS}
         self.ledgers = {p: c.copy() for p, c in self.capacity.items()}
+        # What both tiers together put on the link each kernel (never above pcie * tau).
+        self.link_bytes = {"out": np.zeros_like(self.tau2), "in": np.zeros_like(self.tau2)}
         self.tiers = [t for t in TIERS if self._tier_on(t)]
         self.latency_ok = {t: self._fits_latency(t, self.periods) for t in self.tiers}
         self.host_peak = 0
@@ -110,9 +114,7 @@ class _Planner:
 
     def _cap_prefix(self, tier: str, outbound: bool) -> np.ndarray:
         path = OUT_PATH[tier] if outbound else IN_PATH[tier]
-        link = "out" if outbound else "in"
-        cap = np.minimum(self.capacity[path], self.capacity[link])
-        return np.concatenate(([0.0], np.cumsum(cap)))
+        return np.concatenate(([0.0], np.cumsum(self.capacity[path])))
 
     def _fits_latency(self, tier: str, p: Periods) -> np.ndarray:
         """Windows shorter than both copies at full rate plus two latencies are never candidates."""
@@ -147,21 +149,21 @@ class _Planner:
         t_off = np.full(len(ids), -1, dtype=np.int64)
         t_pre = np.full(len(ids), -1, dtype=np.int64)
         out, into = OUT_PATH[tier], IN_PATH[tier]
-        t_off[ok] = ledger.walk_many(led[out], led["out"], a[ok] + 1, e[ok], s[ok], True, self._prefix(out, "out"))
+        t_off[ok] = ledger.walk_many(led[out], a[ok] + 1, e[ok], s[ok], True, self._prefix(out))
         ok &= t_off >= 0
-        t_pre[ok] = ledger.walk_many(led[into], led["in"], t_off[ok] + 1, e[ok], s[ok], False, self._prefix(into, "in"))
+        t_pre[ok] = ledger.walk_many(led[into], t_off[ok] + 1, e[ok], s[ok], False, self._prefix(into))
         ok &= (t_pre >= 0) & (t_pre - t_off >= 2)
         value = np.full(len(ids), -1.0)
         value[ok] = self._benefits(t_off[ok] + 1, t_pre[ok], s[ok])
         return value, t_off, t_pre
 
-    def _prefix(self, path: str, link: str) -> Callable[[], np.ndarray]:
-        """The residual prefix sum of path+link, built at most once per ledger state."""
+    def _prefix(self, path: str) -> Callable[[], np.ndarray]:
+        """The residual prefix sum of a path, built at most once per ledger state."""
         def get() -> np.ndarray:
             key = (path, self.version)
             if key not in self.prefix_cache:
                 self.prefix_cache = {k: v for k, v in self.prefix_cache.items() if k[1] == self.version}
-                self.prefix_cache[key] = ledger.residual_prefix(self.ledgers[path], self.ledgers[link])
+                self.prefix_cache[key] = ledger.residual_prefix(self.ledgers[path])
             return self.prefix_cache[key]
         return get
 
@@ -210,9 +212,11 @@ class _Planner:
     def accept(self, i: int, choice: Choice) -> PlanEntry:
         p, s = self.periods, int(self.periods.nbytes[i])
         a, e, tier = int(p.start[i]), int(p.end[i]), choice.tier
-        led = self.ledgers
-        ledger.reserve(led[OUT_PATH[tier]], led["out"], a + 1, choice.offload_by + 1, s, forward=True)
-        ledger.reserve(led[IN_PATH[tier]], led["in"], choice.prefetch_at, e, s, forward=False)
+        led, link = self.ledgers, self.link_bytes
+        taken = ledger.reserve(led[OUT_PATH[tier]], a + 1, choice.offload_by + 1, s, forward=True)
+        ledger.mirror_add(link["out"], a + 1, choice.offload_by + 1, taken)
+        taken = ledger.reserve(led[IN_PATH[tier]], choice.prefetch_at, e, s, forward=False)
+        ledger.mirror_add(link["in"], choice.prefetch_at, e, taken)
         lo, hi = choice.offload_by + 1, choice.prefetch_at
         ledger.mirror_add(self.m2, lo, hi, -s)
         self._lower_excess(lo, hi)
@@ -324,6 +328,7 @@ class _Planner:
             host_pool_bytes=int(self.host_occ2[:n].max()) if n else 0,
             ledgers={k: v[:n].copy() for k, v in self.ledgers.items()},
             capacity={k: v[:n].copy() for k, v in self.capacity.items()},
+            link_bytes={k: v[:n].copy() for k, v in self.link_bytes.items()},
         )
 
 
@@ -375,13 +380,13 @@ class _OverSet:
 
 
 def _first_done(cap_prefix: np.ndarray, lo: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """Vectorized walk_forward on untouched ledgers: first j with cap[lo..j] >= nbytes."""
+    """ledger.walk_many forward on untouched ledgers: first j with cap[lo..j] >= nbytes."""
     need = cap_prefix[lo] + nbytes * (1 - ledger.REL_EPS)
     return np.searchsorted(cap_prefix, need, side="left") - 1
 
 
 def _last_start(cap_prefix: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """Vectorized walk_backward on untouched ledgers: last i with cap[i..hi-1] >= nbytes."""
+    """ledger.walk_many backward on untouched ledgers: last i with cap[i..hi-1] >= nbytes."""
     limit = cap_prefix[hi] - nbytes * (1 - ledger.REL_EPS)
     return np.searchsorted(cap_prefix, limit, side="right") - 1
 

@@ -181,9 +181,12 @@ class _Sim:
         del self.active[i]
 
     def _assign_rates(self) -> None:
+        """SSD transfers take the link first, host ones what is left (Note [Bandwidth model])."""
         left = dict(self.path_rate)
         self.running = []
-        for _, tr in self.active:
+        ssd = [tr for _, tr in self.active if tr.path in ("d2s", "s2d")]
+        host = [tr for _, tr in self.active if tr.path in ("d2h", "h2d")]
+        for tr in ssd + host:
             tr.rate = min(left[tr.path], left[tr.link])
             if tr.rate > 0:
                 left[tr.path] -= tr.rate

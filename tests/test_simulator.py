@@ -1,0 +1,106 @@
+"""The simulator, and properties every emitted plan must have (hypothesis)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from plan_helpers import GiB, MiB, T, layered_trace, make_trace
+from teraio.formats.plan import Plan
+from teraio.formats.trace import Kind
+from teraio_plan import make_plan_outcome, planner_inputs, simulate, sweep
+from teraio_plan.memory import memory_curve, min_required_bytes
+from teraio_plan.simulator import planned_memory
+
+
+def test_empty_plan_replays_at_ideal_speed():
+    trace = layered_trace(seed=1)
+    out = make_plan_outcome(trace, planner_inputs(trace, gpu_mem_bytes=10 * GiB))
+    sim = out.simulation
+    assert sim.iteration_ms == pytest.approx(trace.duration_us.sum() / 1e3)
+    assert sim.stall_ms == 0 and sim.peak_bytes == memory_curve(trace, 0).max()
+    assert sim.bytes_by_path == {"d2s": 0, "s2d": 0, "d2h": 0, "h2d": 0}
+
+
+def test_slower_disk_than_planned_stalls_the_kernel_that_needs_the_tensor():
+    trace = make_trace([10_000.0] * 100, [T("w", GiB, [0, 99]),
+                                          T("x", GiB, list(range(40, 60)), Kind.activation, born=40, freed=60)])
+    out = make_plan_outcome(trace, planner_inputs(trace, gpu_mem_bytes=int(1.5 * GiB)))
+    slow = out.plan.header.inputs.model_copy(update={"ssd_read_gbps": 0.5})
+    sim = simulate(trace, out.plan, slow)
+    assert sim.input_stalls == 1 and sim.stall_ms > 100
+    assert sim.bytes_by_path["d2s"] == GiB and sim.bytes_by_path["s2d"] == GiB
+
+
+def test_sweep_rises_with_bandwidth_and_fits_at_zero_only_if_no_plan_needed():
+    trace = layered_trace(num_layers=6, kernels_per_layer=12, seed=2)
+    budget = int(0.75 * memory_curve(trace, 0).max())
+    points = sweep(trace, planner_inputs(trace, gpu_mem_bytes=budget))
+    assert [p.bw_gbps for p in points] == [0, 4, 8, 16, 32, 48, 64]
+    assert not points[0].fits and points[0].share_of_ideal == 0.0
+    shares = [p.share_of_ideal for p in points]
+    assert shares[-1] > 0
+
+
+# --- properties over random traces and machines
+
+@st.composite
+def scenarios(draw):
+    layers = draw(st.integers(2, 6))
+    per_layer = draw(st.integers(4, 12))
+    seed = draw(st.integers(0, 10_000))
+    trace = layered_trace(num_layers=layers, kernels_per_layer=per_layer, seed=seed,
+                          weight_nbytes=draw(st.sampled_from([8, 32, 64])) * MiB,
+                          act_nbytes=draw(st.sampled_from([4, 16, 48])) * MiB,
+                          kernel_us=draw(st.sampled_from([200.0, 1000.0, 5000.0])))
+    need, _ = min_required_bytes(trace, 0)
+    peak = int(memory_curve(trace, 0).max())
+    budget = need + int(draw(st.floats(0.0, 1.0)) * (peak - need))
+    num_ssds = draw(st.integers(0, 4))
+    host_mem = draw(st.sampled_from([64 * MiB, 512 * MiB, 4 * GiB] + ([0] if num_ssds else [])))
+    inputs = planner_inputs(trace, gpu_mem_bytes=budget, num_ssds=num_ssds, host_mem_bytes=host_mem,
+                            pcie_gbps=draw(st.sampled_from([8.0, 25.0, 55.0])))
+    return trace, inputs
+
+
+def _uses(trace, name):
+    i = trace.tensor_id.index(name)
+    return set(trace.uses(i).tolist())
+
+
+def _check_causal(trace, plan: Plan):
+    n = trace.num_kernels
+    for e in plan.entries:
+        uses = _uses(trace, e.tensor)
+        i = trace.tensor_id.index(e.tensor)
+        if trace.born[i] >= 0:
+            uses.add(int(trace.born[i]))
+        assert e.offload_after in uses and e.needed_by in uses
+        a = e.offload_after
+        span = [(x - a) % n or n for x in (e.offload_by, e.prefetch_at, e.needed_by)]
+        assert 0 < span[0] < span[1] < span[2] <= n, e  # offload, then away, then back in time
+        assert not any(0 < (u - a) % n < span[2] for u in uses), e  # no use while away
+        assert e.wraps == (e.needed_by <= a)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_plan_is_causal_and_the_replay_keeps_its_promises(data):
+    trace, inputs = data.draw(scenarios())
+    out = make_plan_outcome(trace, inputs)
+    _check_causal(trace, out.plan)
+    for path, residual in out.planner.ledgers.items():
+        cap = out.planner.capacity[path]
+        assert (residual >= -1e-6 * (cap + 1)).all() and (residual <= cap + 1e-6).all(), path
+    link_cap = trace.duration_us * inputs.pcie_gbps * 1e3
+    for direction, used in out.planner.link_bytes.items():
+        assert (used <= link_cap * (1 + 1e-9) + 1e-3).all(), direction
+    claimed = out.planner.memory_bytes
+    assert (planned_memory(memory_curve(trace, inputs.headroom_bytes), out.plan) == claimed).all()
+    sim = out.simulation
+    assert sim.input_stalls == 0  # every prefetch is back before its kernel at planned bandwidth
+    assert sim.peak_bytes <= claimed.max()
+    if inputs.host_mem_bytes:
+        assert out.plan.header.prediction.host_pool_bytes <= inputs.host_mem_bytes
+    else:
+        assert all(e.tier == "ssd" for e in out.plan.entries)
