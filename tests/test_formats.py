@@ -1,0 +1,51 @@
+"""File formats: schemas are generated, readers refuse what they cannot read, writers are atomic."""
+
+import pytest
+
+from teraio.errors import FileFormatError, UsageError
+from teraio.formats.common import atomic_write_bytes
+from teraio.formats.schema_gen import SCHEMA_DIR, render_schemas
+from teraio.formats.trace import load_trace, save_trace, trace_to_file
+from teraio.units import parse_size
+
+TRACES = SCHEMA_DIR.parent / "traces"
+
+
+def test_committed_schemas_are_current():
+    for name, text in render_schemas().items():
+        committed = SCHEMA_DIR / name
+        assert committed.exists() and committed.read_text() == text, (
+            f"schemas/{name} is stale: run python -m teraio.formats.schema_gen")
+
+
+@pytest.mark.parametrize("name", ["cpu-tiny.msgpack", "h200-1b-bf16.msgpack"])
+def test_committed_traces_load_and_round_trip(name, tmp_path):
+    trace = load_trace(TRACES / name)
+    assert trace.num_kernels == trace.header.num_kernels > 0
+    save_trace(trace_to_file(trace), tmp_path / "copy.msgpack")
+    assert (tmp_path / "copy.msgpack").read_bytes() == (TRACES / name).read_bytes()
+
+
+def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path):
+    with pytest.raises(UsageError):
+        atomic_write_bytes(tmp_path / "missing" / "x.json", b"{}")
+    atomic_write_bytes(tmp_path / "x.json", b"{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_wrong_kind_of_file_is_named(tmp_path):
+    (tmp_path / "plan.json").write_text('{"header": {"format": "teraio-plan", "schema_version": 1}}')
+    with pytest.raises(FileFormatError, match="is a teraio-plan file, not a teraio-trace file"):
+        load_trace(tmp_path / "plan.json")
+
+
+@pytest.mark.parametrize("text,nbytes", [("40GiB", 40 * 2**30), ("40GB", 40 * 10**9), ("512", 512),
+                                         ("1.5 MiB", 3 * 2**19)])
+def test_sizes(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["-1GB", "forty", "10XB", ""])
+def test_bad_sizes_say_how_to_write_one(text):
+    with pytest.raises(UsageError):
+        parse_size(text)
