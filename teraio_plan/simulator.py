@@ -124,7 +124,9 @@ class _Sim:
         r = rates(inputs)
         self.path_rate = {p: r.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
         self.clock = self.settled_at = 0.0
-        self.active: list[tuple] = []      # sorted (key, transfer)
+        # One queue per path, sorted by priority. All transfers on a path share its caps, so
+        # only each queue's head moves at any time: rates are handed out to four heads.
+        self.queues: dict[str, list[tuple]] = {p: [] for p in ("d2s", "s2d", "d2h", "h2d")}
         self.running: list[_Transfer] = []
         self.next_done = (np.inf, None)
         self.offloaded_bytes = 0
@@ -173,20 +175,20 @@ class _Sim:
         return tr
 
     def _insert(self, tr: _Transfer) -> None:
-        bisect.insort(self.active, (tr.key, tr), key=lambda x: x[0])
+        bisect.insort(self.queues[tr.path], (tr.key, tr), key=lambda x: x[0])
 
     def _remove(self, tr: _Transfer) -> None:
-        i = bisect.bisect_left(self.active, tr.key, key=lambda x: x[0])
-        assert self.active[i][1] is tr
-        del self.active[i]
+        queue = self.queues[tr.path]
+        i = bisect.bisect_left(queue, tr.key, key=lambda x: x[0])
+        assert queue[i][1] is tr
+        del queue[i]
 
     def _assign_rates(self) -> None:
         """SSD transfers take the link first, host ones what is left (Note [Bandwidth model])."""
         left = dict(self.path_rate)
         self.running = []
-        ssd = [tr for _, tr in self.active if tr.path in ("d2s", "s2d")]
-        host = [tr for _, tr in self.active if tr.path in ("d2h", "h2d")]
-        for tr in ssd + host:
+        heads = [self.queues[p][0][1] for p in ("d2s", "s2d", "d2h", "h2d") if self.queues[p]]
+        for tr in heads:
             tr.rate = min(left[tr.path], left[tr.link])
             if tr.rate > 0:
                 left[tr.path] -= tr.rate
@@ -274,7 +276,7 @@ class _Sim:
         waited = False
         k = g % self.num_k
         while self.m0[k] - self.offloaded_bytes > self.allowed[k]:
-            if not any(tr.outbound for _, tr in self.active) or not self._advance_one():
+            if not (self.queues["d2s"] or self.queues["d2h"]) or not self._advance_one():
                 break
             waited = True
         return waited
