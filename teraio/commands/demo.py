@@ -32,7 +32,7 @@ def command(workdir, example_args):
 
     result = run_demo(Path(workdir), list(example_args), lambda msg: console.print(f"[bold cyan]demo:[/] {msg}"))
     print_trace_summary(result.trace, console)
-    _print_plan(result.plan, console)
+    _print_plan(result.plan, console, max_rows=8)
     if result.identical:
         console.print(f"[bold green]losses identical[/] with and without the plan over "
                       f"{len(result.losses_plain)} steps; files in {result.workdir}/")
