@@ -76,6 +76,30 @@ def residual_prefix(residual: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(residual)))
 
 
+def prefix_sub(prefix: np.ndarray, lo: int, hi: int, taken: np.ndarray) -> None:
+    """Keep residual_prefix current after `taken` left kernels [lo, hi) and their mirrors.
+
+    Two tail subtractions instead of a new cumulative sum over the whole ledger.
+    """
+    num_k = (len(prefix) - 1) // 2
+    for start, part in _mirror_parts(lo, hi, taken, num_k):
+        prefix[start + 1:start + 1 + len(part)] -= np.cumsum(part)
+        prefix[start + 1 + len(part):] -= float(part.sum())
+
+
+def _mirror_parts(lo: int, hi: int, values: np.ndarray, num_k: int):
+    """(start, values) pieces of [lo, hi) and of its mirror, in absolute positions."""
+    yield lo, values
+    if hi <= num_k:
+        yield lo + num_k, values
+    elif lo >= num_k:
+        yield lo - num_k, values
+    else:
+        cut = num_k - lo
+        yield lo + num_k, values[:cut]
+        yield 0, values[cut:]
+
+
 def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
                  forward: bool) -> np.ndarray:
     need = nbytes * (1 - REL_EPS)
@@ -86,8 +110,8 @@ def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.
     return np.where(i >= lo, i, -1)
 
 
-def _walk_short(residual, lo, hi, nbytes, forward, rounds: int = 2):
-    """Up to `rounds` gathered rounds (64 then 256 kernels); returns (found, unresolved rows)."""
+def _walk_short(residual, lo, hi, nbytes, forward, rounds: int = 1):
+    """Up to `rounds` gathered rounds (64, then 256 kernels); returns (found, unresolved rows)."""
     found = np.full(len(lo), -1, dtype=np.int64)
     carried = np.zeros(len(lo))
     done = np.zeros(len(lo), dtype=np.int64)       # kernels already walked per row
