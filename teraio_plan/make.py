@@ -10,6 +10,7 @@ from teraio.formats.plan import Plan, PlanHeader, PlannerInputs, Prediction, Tra
 from teraio.formats.trace import Trace
 from teraio.units import format_bytes
 from teraio_plan.memory import min_required_bytes
+from teraio_plan.fill import fill_with_stalls
 from teraio_plan.planner import PlannerResult, plan_entries
 from teraio_plan.simulator import SimResult, simulate
 
@@ -35,7 +36,8 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
                    ssd_read_gbps: float = DEFAULT_SSD_READ_GBPS,
                    ssd_write_gbps: float = DEFAULT_SSD_WRITE_GBPS, host_mem_bytes: int = 0,
                    host_gbps: float = DEFAULT_HOST_GBPS, pcie_gbps: float = DEFAULT_PCIE_GBPS,
-                   headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US) -> PlannerInputs:
+                   headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US,
+                   allow_stalls: bool = True) -> PlannerInputs:
     """PlannerInputs from user options, with every mistake a UsageError that says what to do."""
     budget = _budget(trace, gpu_mem_bytes)
     _check_counts(num_ssds, host_mem_bytes, headroom_bytes, latency_us)
@@ -47,6 +49,7 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
         budget_bytes=budget, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
         ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem_bytes, host_gbps=host_gbps,
         pcie_gbps=pcie_gbps, headroom_bytes=headroom_bytes, latency_us=latency_us,
+        allow_stalls=allow_stalls,
     )
 
 
@@ -88,6 +91,8 @@ def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
                       progress: Callable[[float], None] | None = None) -> PlanOutcome:
     check_budget(trace, inputs)
     result = plan_entries(trace, inputs, progress)
+    if inputs.allow_stalls:
+        result = fill_with_stalls(trace, inputs, result)
     plan = assemble_plan(trace, inputs, result, None)
     sim = simulate(trace, plan)
     return PlanOutcome(assemble_plan(trace, inputs, result, sim), result, sim)

@@ -39,22 +39,27 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--host-gbps", type=float, default=DEFAULT_HOST_GBPS, show_default=True, help="Device<->host bandwidth per direction, GB/s.")
 @click.option("--pcie-gbps", type=float, default=DEFAULT_PCIE_GBPS, show_default=True, help="Device link per direction, shared by SSD and host traffic, GB/s.")
 @click.option("--headroom", type=SIZE, default=0, help="Extra bytes to keep free beyond what the trace tracks. [default: 0]")
+@click.option("--stall-free", is_flag=True, help="Only transfers that delay no kernel (the paper's planner); the budget may then be missed.")
 @click.option("--sweep", "do_sweep", is_flag=True, help="Print throughput against migration bandwidth (0-64 GB/s); write no plan.")
 @json_flag
 def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, host_mem, host_gbps,
-            pcie_gbps, headroom, do_sweep, as_json):
+            pcie_gbps, headroom, stall_free, do_sweep, as_json):
     """Plan which idle tensors leave the device, when, to SSD or host, and when they come back.
 
     \b
     teraio plan trace.msgpack --gpu-mem 40GiB --ssds 2 --host-mem 64GiB
     teraio plan trace.rank0.msgpack trace.rank1.msgpack --ssds 4     (one plan per rank)
     teraio plan trace.msgpack --ssds 4 --sweep
+    
+    Transfers that fit in the bandwidth without delaying a kernel are planned first; if
+    the budget still is not met, more are planned at the price of stalls (the prediction
+    says how long), unless --stall-free.
     """
     if output is not None and len(traces) > 1:
         raise UsageError("-o names one plan file, but several traces were given: drop -o to write TRACE.plan.json for each")
     options = dict(gpu_mem_bytes=gpu_mem, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
                    ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem, host_gbps=host_gbps,
-                   pcie_gbps=pcie_gbps, headroom_bytes=headroom)
+                   pcie_gbps=pcie_gbps, headroom_bytes=headroom, allow_stalls=not stall_free)
     # Every file and option is checked before any work, so a mistake writes nothing.
     jobs = [(path, trace, planner_inputs(trace, **options)) for path, trace in
             ((path, load_trace(path)) for path in traces)]

@@ -49,6 +49,7 @@ class PlannerInputs(Strict):
     pcie_gbps: float
     headroom_bytes: int
     latency_us: float
+    allow_stalls: bool = Field(True, description="plan transfers that delay kernels when the budget needs them")
 
 
 class Prediction(Strict):

@@ -1,0 +1,150 @@
+"""The fill pass: make the budget when stall-free transfers cannot.
+
+Note [Planned stalls]
+The greedy planner (planner.py) only takes idle periods whose copies fit in the bandwidth
+ledgers without delaying a kernel, and stops when none is left. When the budget is still
+exceeded, the runtime would have to keep the cap on its own by evicting tensors it knows
+nothing about, which on the H200 thrashed at about 60 GB per iteration. A plan that costs
+stalls beats that: this pass keeps picking idle periods regardless of the ledgers, offloading
+right after the last use and prefetching as late as the path's raw bandwidth allows, and
+lowers the memory curve over each window until the budget holds everywhere. The copies then
+queue behind each other; the simulator replays the plan and predicts the stall time, and on
+CUDA the caching allocator waits for the copies that free the memory it needs.
+
+Which periods first: the most over-budget time relieved per byte moved, computed from prefix
+sums (an upper bound, O(1) per period), checked against the current curve at pick time.
+Which tier: the faster path that still has room (on machines like the H200 the host link
+is 30x the disk; on real NVMe arrays the SSDs may be faster).
+"""
+
+import numpy as np
+
+from teraio.formats.plan import PlanEntry, PlannerInputs
+from teraio.formats.trace import Kind, Trace
+from teraio.units import format_bytes
+from teraio_plan.periods import find_periods, unrolled_prefix_us
+from teraio_plan.planner import PlannerResult
+
+BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/us
+
+
+def fill_with_stalls(trace: Trace, inputs: PlannerInputs, result: PlannerResult) -> PlannerResult:
+    """`result` plus entries that make the budget at the price of stalls (unchanged if it fits)."""
+    memory = result.memory_bytes.astype(np.int64).copy()
+    budget = inputs.budget_bytes
+    if len(memory) == 0 or memory.max() <= budget:
+        return result
+    pass_ = _Fill(trace, inputs, memory, result)
+    entries = pass_.run()
+    if not entries:
+        return result
+    return PlannerResult(
+        entries=result.entries + entries, memory_bytes=pass_.memory,
+        memory_before_bytes=result.memory_before_bytes,
+        host_pool_bytes=max(result.host_pool_bytes, int(pass_.host_occupancy.max(initial=0))),
+        ledgers=result.ledgers, capacity=result.capacity, link_bytes=result.link_bytes,
+        evaluations=result.evaluations)
+
+
+class _Fill:
+    def __init__(self, trace: Trace, inputs: PlannerInputs, memory: np.ndarray, result: PlannerResult):
+        self.trace, self.inputs, self.memory = trace, inputs, memory
+        self.num_k = trace.num_kernels
+        self.prefix_us = unrolled_prefix_us(trace.duration_us)
+        self.tau2 = np.tile(trace.duration_us, 2)
+        self.host_occupancy = np.zeros(self.num_k, dtype=np.int64)
+        for entry in result.entries:
+            if entry.tier == "host":
+                self._occupy(entry.offload_after, entry.needed_by + (self.num_k if entry.wraps else 0), entry.nbytes)
+        self.taken = {(e.tensor, e.offload_after) for e in result.entries}
+
+    def run(self) -> list[PlanEntry]:
+        periods = find_periods(self.trace, self.prefix_us)
+        order = self._candidates(periods)
+        entries = []
+        for i in order:
+            if self.memory.max() <= self.inputs.budget_bytes:
+                break
+            entry = self._try(periods, int(i))
+            if entry is not None:
+                entries.append(entry)
+        return entries
+
+    def _candidates(self, periods) -> np.ndarray:
+        """Periods not planned yet, by over-budget time in their window per byte (descending)."""
+        over = np.tile(self.memory > self.inputs.budget_bytes, 2)
+        over_prefix = np.concatenate(([0.0], np.cumsum(self.tau2 * over)))
+        ids = self.trace.tensor_id
+        fresh = np.array([(ids[t], int(a)) not in self.taken for t, a in zip(periods.tensor, periods.start)],
+                         dtype=bool)
+        score = over_prefix[periods.end] - over_prefix[periods.start + 1]
+        score = np.where(fresh & (score > 0), score, -1.0)
+        order = np.lexsort((periods.start, periods.tensor, -score))
+        return order[score[order] > 0]
+
+    def _try(self, periods, i: int) -> PlanEntry | None:
+        nbytes, start, end = int(periods.nbytes[i]), int(periods.start[i]), int(periods.end[i])
+        tier = self._tier(nbytes, start, end)
+        if tier is None:
+            return None
+        out_bw, in_bw = self._rates(tier)
+        offload_by = max(start + 1, self._first_kernel_after(start, nbytes / out_bw))
+        prefetch_at = min(end - 1, self._last_kernel_before(end, nbytes / in_bw))
+        if offload_by >= prefetch_at - 1:
+            return None  # too short even at full bandwidth
+        saved = np.arange(offload_by + 1, prefetch_at) % self.num_k
+        if not (self.memory[saved] > self.inputs.budget_bytes).any():
+            return None
+        self.memory[saved] -= nbytes
+        if tier == "host":
+            self._occupy(start, end, nbytes)
+        return self._entry(periods, i, tier, offload_by, prefetch_at)
+
+    def _tier(self, nbytes: int, start: int, end: int) -> str | None:
+        """The faster path that has room; the host pool is bounded by --host-mem."""
+        inputs = self.inputs
+        ssd_bw = inputs.num_ssds * min(inputs.ssd_read_gbps, inputs.ssd_write_gbps)
+        host_ok = inputs.host_mem_bytes > 0 and self._host_room(start, end, nbytes)
+        ssd_ok = inputs.num_ssds > 0
+        if host_ok and (not ssd_ok or inputs.host_gbps >= ssd_bw):
+            return "host"
+        return "ssd" if ssd_ok else None
+
+    def _rates(self, tier: str) -> tuple[float, float]:
+        """(out, in) bytes per us of the tier's path, capped by the device link."""
+        inputs = self.inputs
+        if tier == "host":
+            out_gbps = in_gbps = inputs.host_gbps
+        else:
+            out_gbps, in_gbps = inputs.num_ssds * inputs.ssd_write_gbps, inputs.num_ssds * inputs.ssd_read_gbps
+        cap = inputs.pcie_gbps
+        return min(out_gbps, cap) * BYTES_PER_US_PER_GBPS, min(in_gbps, cap) * BYTES_PER_US_PER_GBPS
+
+    def _first_kernel_after(self, start: int, copy_us: float) -> int:
+        """The kernel (unrolled) during which a copy started after `start` completes."""
+        target = self.prefix_us[start + 1] + copy_us
+        return int(min(np.searchsorted(self.prefix_us, target, side="left"), 2 * self.num_k) - 1)
+
+    def _last_kernel_before(self, end: int, copy_us: float) -> int:
+        """The latest kernel (unrolled) at which a copy must start to land before `end`."""
+        target = self.prefix_us[end] - copy_us
+        return int(max(np.searchsorted(self.prefix_us, target, side="right") - 1, 0))
+
+    def _host_room(self, start: int, end: int, nbytes: int) -> bool:
+        """A pool slot is held from the copy-out after `start` until the use at `end`."""
+        window = np.arange(start + 1, end) % self.num_k
+        return int(self.host_occupancy[window].max(initial=0)) + nbytes <= self.inputs.host_mem_bytes
+
+    def _occupy(self, start: int, end: int, nbytes: int) -> None:
+        self.host_occupancy[np.arange(start + 1, end) % self.num_k] += nbytes
+
+    def _entry(self, periods, i: int, tier: str, offload_by: int, prefetch_at: int) -> PlanEntry:
+        t, start, end = int(periods.tensor[i]), int(periods.start[i]), int(periods.end[i])
+        n = self.num_k
+        window_ms = float(periods.window_us[i]) / 1e3
+        return PlanEntry(
+            tensor=self.trace.tensor_id[t], name=self.trace.tensor_name[t], kind=Kind(self.trace.kind[t]).name,
+            nbytes=int(periods.nbytes[i]), tier=tier, offload_after=start, offload_by=offload_by % n,
+            prefetch_at=prefetch_at % n, needed_by=end % n, wraps=end >= n,
+            reason=(f"idle {window_ms:.3g} ms; planned stall: the budget cannot be met stall-free, "
+                    f"{format_bytes(periods.nbytes[i])} to {tier}, the faster path with room"))
