@@ -34,9 +34,10 @@ def _timing(e: PlanEntry) -> str:
 
 def _print_diff(d: PlanDiff, old: str, new: str) -> None:
     if not d.same_trace:
-        console.print("[yellow]the plans were made from different traces: kernel numbers may not line up[/]")
+        console.print("[yellow]the plans were made from different traces: kernel numbers may not line up[/]",
+                      soft_wrap=True)
     if d.unchanged:
-        console.print(f"{old} and {new} plan the same")
+        console.print(f"{old} and {new} plan the same", soft_wrap=True)
         return
     table = Table(title=f"{old} -> {new}: +{len(d.added)} -{len(d.removed)} ~{len(d.changed)}", title_justify="left")
     for col in ("", "tensor", "size", "tier", "off after->by .. pre at->needed"):

@@ -128,7 +128,7 @@ def _print_summary(s: dict) -> None:
         console.print(
             f"[bold yellow]does not fit:[/] over budget at {s['over_budget_kernels']} kernels, worst at kernel "
             f"{s['worst_kernel']} ({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; "
-            "add SSDs, a host pool (--host-mem) or a larger --gpu-mem")
+            "add SSDs, a host pool (--host-mem) or a larger --gpu-mem", soft_wrap=True)
 
 
 def _sweep_one(path: Path, trace: Trace, inputs, as_json: bool) -> dict:

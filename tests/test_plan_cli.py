@@ -1,0 +1,126 @@
+"""`teraio plan` and `teraio diff`: the click commands directly, and the real CLI once."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cli_helpers import teraio
+from plan_helpers import GiB, T, layered_trace, make_trace
+from teraio.cli import cli
+from teraio.commands.plan import default_output
+from teraio.formats.plan import load_plan
+from teraio.formats.trace import Kind, save_trace, trace_to_file
+from teraio_plan.memory import memory_curve
+
+
+def write_trace(path, trace=None):
+    save_trace(trace_to_file(trace or layered_trace(num_layers=6, kernels_per_layer=10, seed=5)), path)
+    return path
+
+
+def budget_of(trace, share=0.75):
+    return str(int(share * memory_curve(trace, 0).max()))
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(map(str, args)), catch_exceptions=False)
+
+
+def test_default_output_names():
+    assert default_output(__import__("pathlib").Path("a/trace.rank1.msgpack")).name == "trace.rank1.plan.json"
+    assert default_output(__import__("pathlib").Path("t.msgpack")).name == "t.plan.json"
+    assert default_output(__import__("pathlib").Path("t.bin")).name == "t.bin.plan.json"
+
+
+def test_plan_writes_the_default_file_and_summarises(tmp_path):
+    trace = layered_trace(num_layers=6, kernels_per_layer=10, seed=5)
+    path = write_trace(tmp_path / "trace.msgpack", trace)
+    res = run("plan", path, "--gpu-mem", budget_of(trace), "--ssds", "4", "--host-mem", "1GiB")
+    assert res.exit_code == 0, res.output
+    plan = load_plan(tmp_path / "trace.plan.json")
+    assert plan.entries and "entries" in res.output and "SSD writes per iteration" in res.output
+
+
+def test_one_plan_per_rank_trace(tmp_path):
+    trace = layered_trace(num_layers=4, kernels_per_layer=8, seed=1)
+    paths = [write_trace(tmp_path / f"trace.rank{r}.msgpack", trace) for r in range(2)]
+    res = run("plan", *paths, "--gpu-mem", budget_of(trace), "--json")
+    assert res.exit_code == 0, res.output
+    reports = json.loads(res.output)
+    assert [r["plan"] for r in reports] == [str(tmp_path / f"trace.rank{r}.plan.json") for r in range(2)]
+    assert all((tmp_path / f"trace.rank{r}.plan.json").exists() for r in range(2))
+
+
+def test_json_summary_keys(tmp_path):
+    trace = layered_trace(seed=2)
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    res = run("plan", path, "--gpu-mem", budget_of(trace), "-o", tmp_path / "p.json", "--json")
+    summary = json.loads(res.output)
+    for key in ("num_entries", "budget_bytes", "predicted_iteration_ms", "ideal_iteration_ms", "share_of_ideal",
+                "predicted_peak_bytes", "offload_bytes_by_tier", "ssd_write_bytes_per_iteration", "fits"):
+        assert key in summary
+    assert summary["plan"] == str(tmp_path / "p.json")
+
+
+def test_not_fitting_says_where_and_by_how_much(tmp_path):
+    trace = make_trace([10.0] * 100, [T("w", GiB, [0, 99]),
+                                      T("x", GiB, list(range(40, 60)), Kind.activation, born=40, freed=60)])
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    res = CliRunner().invoke(cli, ["plan", str(path), "--gpu-mem", "1.5GiB"], terminal_width=200)
+    assert res.exit_code == 0
+    assert "does not fit" in res.output and "512 MiB" in res.output and "kernel 40" in res.output
+
+
+def test_sweep_prints_the_roofline_and_writes_nothing(tmp_path):
+    trace = layered_trace(seed=3)
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    res = run("plan", path, "--gpu-mem", budget_of(trace), "--sweep", "--json")
+    rows = json.loads(res.output)["sweep"]
+    assert [r["bw_gbps"] for r in rows] == [0, 4, 8, 16, 32, 48, 64]
+    assert not list(tmp_path.glob("*.plan.json"))
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--gpu-mem", "1GiB", "--ssds", "0"], 2, "nowhere to offload"),
+    (["--gpu-mem", "-5GiB"], 2, "size"),
+    (["--gpu-mem", "lots"], 2, "cannot read size"),
+    (["--ssds", "1"], 2, "--gpu-mem"),
+    (["--gpu-mem", "1MiB"], 5, "no plan can work"),
+])
+def test_bad_input_is_one_line_and_no_plan_file(tmp_path, args, code, words):
+    path = write_trace(tmp_path / "t.msgpack")
+    res = CliRunner().invoke(cli, ["plan", str(path), *args], terminal_width=300)
+    assert res.exit_code == code and words in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "t.plan.json").exists()
+
+
+def test_truncated_trace_is_a_format_error(tmp_path):
+    path = write_trace(tmp_path / "t.msgpack")
+    path.write_bytes(path.read_bytes()[:100])
+    res = run("plan", path, "--gpu-mem", "1GiB")
+    assert res.exit_code == 3 and not (tmp_path / "t.plan.json").exists()
+
+
+def test_diff_shows_changes_and_exits_zero(tmp_path):
+    trace = layered_trace(num_layers=6, kernels_per_layer=10, seed=5)
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    budget = budget_of(trace, 0.7)
+    assert run("plan", path, "--gpu-mem", budget, "--ssds", "1", "-o", tmp_path / "a.json").exit_code == 0
+    assert run("plan", path, "--gpu-mem", budget, "--ssds", "4", "--host-mem", "2GiB",
+               "-o", tmp_path / "b.json").exit_code == 0
+    res = run("diff", tmp_path / "a.json", tmp_path / "b.json")
+    assert res.exit_code == 0 and "num_ssds" in res.output
+    data = json.loads(run("diff", tmp_path / "a.json", tmp_path / "b.json", "--json").output)
+    assert data["inputs"]["num_ssds"] == [1, 4] and data["same_trace"]
+    assert data["added"] or data["removed"] or data["changed"]
+    same = run("diff", tmp_path / "a.json", tmp_path / "a.json")
+    assert same.exit_code == 0 and "plan the same" in same.output
+
+
+def test_real_cli_plans_the_committed_cpu_trace(tmp_path):
+    from cli_helpers import ROOT
+    proc = teraio("plan", ROOT / "traces" / "cpu-tiny.msgpack", "--gpu-mem", "6MiB", "-o", tmp_path / "p.json",
+                  "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["num_entries"] == len(load_plan(tmp_path / "p.json").entries)
