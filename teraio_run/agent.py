@@ -60,17 +60,33 @@ class RunAgent(WalkListener):
         if engine.copying_out or engine.releasing:
             engine.poll(self.walk.records)
         if engine.moved:
-            for record in inputs:
-                if record.key in engine.moved:
-                    engine.ensure_resident(record, "late_prefetch" if self.following else "unplanned")
+            self._restore_inputs(inputs)
         if self.following:
-            for entry in self.prefetches_at.get(k, ()):
-                record = self.by_id.get(entry.tensor)
-                if record is not None:
-                    engine.prefetch(record)
+            self._start_prefetches(k)
         self.tick += 1
         for record in inputs:
             self.last_use[record.key] = self.tick
+
+    def _restore_inputs(self, inputs) -> None:
+        cause = "late_prefetch" if self.following else "unplanned"
+        for record in inputs:
+            if record.key not in self.engine.moved:
+                continue
+            try:
+                self.engine.ensure_resident(record, cause)
+            except torch.OutOfMemoryError:
+                self.relieve_memory(inputs)  # this op needs it: make room, then once more
+                self.engine.ensure_resident(record, cause)
+
+    def _start_prefetches(self, k: int) -> None:
+        for entry in self.prefetches_at.get(k, ()):
+            record = self.by_id.get(entry.tensor)
+            if record is None:
+                continue
+            try:
+                self.engine.prefetch(record)
+            except torch.OutOfMemoryError:
+                self.engine.stats.skipped += 1  # no room yet: it comes back when an op needs it
 
     def _movable(self, record) -> bool:
         """Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
@@ -94,16 +110,19 @@ class RunAgent(WalkListener):
         self._keep_budget(inputs + new)
 
     def relieve_memory(self, inputs) -> bool:
-        """An op ran out of device memory: evict everything it does not use, then retry once
-        (an op that fails allocating has not written its outputs yet, so a retry is safe)."""
+        """An op (or a restore it needs) ran out of device memory: wait for copies in flight,
+        evict what it does not use down to half the budget, and let it retry once (an op
+        that fails allocating has not written its outputs yet, so a retry is safe)."""
         self.engine.stats.oom_retries += 1
         with _disable_current_modes():
             self.engine.wait_offloads(self.walk.records)
             self.engine.wait_freeing()
             before = self.resident_bytes()
-            after = self._evict(before, {r.key for r in inputs}, target=0)
+            self._evict(before, {r.key for r in inputs}, target=self.budget_bytes // 2)
             self.engine.wait_freeing()  # the allocator may reuse those blocks only after the copies
-        return after < before
+            if self.cuda:
+                torch.cuda.empty_cache()  # free cached segments: the cap counts reserved memory
+        return True
 
     # ----- memory ---------------------------------------------------------------------------
     def resident_bytes(self) -> int:
