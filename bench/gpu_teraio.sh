@@ -27,14 +27,14 @@ if [[ -n ${CHECK_PLAIN_TWICE:-} ]]; then
   cmp $TMP/plain.json $TMP/plain2.json && echo "plain runs identical" || echo "PLAIN RUNS DIFFER"
 fi
 step "profile"
-timeout 150 python3 -m teraio profile -o "$OUT/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
-python3 -m teraio inspect "$OUT/trace_1b.msgpack" --json > "$OUT/trace_stats.json" || exit 1
+timeout 150 python3 -m teraio profile -o "$TMP/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
+python3 -m teraio inspect "$TMP/trace_1b.msgpack" --json > "$OUT/trace_stats.json" || exit 1
 PEAK=$(python3 -c "import json; print(json.load(open('$OUT/trace_stats.json'))['peak_bytes'])")
 for SHARE in ${SHARES:-50 75}; do
   step "plan at ${SHARE}% of the traced peak ($PEAK bytes)"
-  python3 -m teraio plan "$OUT/trace_1b.msgpack" --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 --ssd-read-gbps 1.7 \
+  python3 -m teraio plan "$TMP/trace_1b.msgpack" --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 --ssd-read-gbps 1.7 \
       --ssd-write-gbps 2.0 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 -o "$OUT/plan_$SHARE.json" \
-      | grep -E "entries|offloaded|iteration|stalls|peak|fit"
+      2>&1 | grep -E "entries|offloaded|iteration|stalls|peak|fit|teraio:"
   step "teraio run under the ${SHARE}% cap"
   timeout ${RUN_TIMEOUT:-150} python3 -m teraio run --plan "$OUT/plan_$SHARE.json" --ssd-dir $SWAP \
       --report "$OUT/run_$SHARE.json" -- python3 $EX $ARGS --losses-out $TMP/run_$SHARE.json
