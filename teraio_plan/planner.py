@@ -25,8 +25,10 @@ from teraio_plan.periods import Periods, find_periods, unrolled_prefix_us
 
 # Smaller tensors are never moved: each transfer costs a fixed submission latency and runtime
 # bookkeeping, and on the committed H200 trace the ones below 1 MiB were half of all entries
-# but 0.02% of the bytes moved (they only made plans longer and planning slower).
+# but 0.02% of the bytes moved (they only made plans longer and planning slower). Tiny budgets
+# (CPU rehearsals of small models) scale the floor down so their tensors stay candidates.
 MIN_OFFLOAD_BYTES = 2**20
+MIN_OFFLOAD_BUDGET_SHARE = 1 / 4096
 # SSD first (the pinned pool is scarce and shared with the host's own work): keep the SSD
 # unless it would relieve less than this share of what the host tier would.
 SSD_PREFERENCE = 0.8
@@ -103,7 +105,8 @@ class _Planner:
         best = np.zeros(len(self.periods))
         for tier in self.tiers:
             best = np.maximum(best, self._tier_bound(tier, over))
-        keep = np.flatnonzero((best > 0) & (self.periods.nbytes >= MIN_OFFLOAD_BYTES))
+        floor = min(MIN_OFFLOAD_BYTES, self.budget * MIN_OFFLOAD_BUDGET_SHARE)
+        keep = np.flatnonzero((best > 0) & (self.periods.nbytes >= floor))
         return keep, best[keep]
 
     def _tier_bound(self, tier: str, over_prefix: np.ndarray) -> np.ndarray:

@@ -1,0 +1,44 @@
+"""Golden plans for the committed traces: a planner change that moves them must be on purpose.
+
+    TERAIO_UPDATE_GOLDEN=1 python -m pytest tests/test_plan_golden.py    # rewrite tests/golden/
+Review the diff of the rewritten files (`teraio diff` reads them) before committing.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from teraio.formats.plan import plan_to_json
+from teraio.formats.trace import load_trace
+from teraio_plan import make_plan, planner_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+MiB, GiB = 2**20, 2**30
+
+# name -> (trace, planner options). The H200 ones use that machine's measured disk (compat
+# KvikIO, ~1.7 GB/s read, ~2.0 GB/s write) with and without its host pool.
+CASES = {
+    "cpu-tiny.ssd": ("cpu-tiny.msgpack", dict(gpu_mem_bytes=6 * MiB, num_ssds=1)),
+    "cpu-tiny.mixed": ("cpu-tiny.msgpack", dict(gpu_mem_bytes=4 * MiB, num_ssds=1, host_mem_bytes=4 * MiB)),
+    "h200-1b-bf16.mixed": ("h200-1b-bf16.msgpack", dict(gpu_mem_bytes=60 * GiB, num_ssds=1, ssd_read_gbps=1.7,
+                                                        ssd_write_gbps=2.0, host_mem_bytes=64 * GiB)),
+    "h200-1b-bf16.ssd-stall-free": ("h200-1b-bf16.msgpack", dict(gpu_mem_bytes=70 * GiB, num_ssds=4,
+                                                                 allow_stalls=False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_plan(name):
+    trace_file, options = CASES[name]
+    trace_path = ROOT / "traces" / trace_file
+    if not trace_path.exists():
+        pytest.skip(f"{trace_path} is not committed")
+    trace = load_trace(trace_path)
+    text = plan_to_json(make_plan(trace, planner_inputs(trace, **options)))
+    golden = GOLDEN / f"{name}.plan.json"
+    if os.environ.get("TERAIO_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert golden.exists(), f"no golden plan {golden}: run with TERAIO_UPDATE_GOLDEN=1 and review it"
+    assert text == golden.read_text(), f"{name} changed: rerun with TERAIO_UPDATE_GOLDEN=1 if on purpose"
