@@ -9,7 +9,6 @@ import numpy as np
 
 # Transfers are accounted in float bytes; this much slack absorbs rounding in sums.
 REL_EPS = 1e-9
-FIRST_CHUNK_KERNELS = 256
 
 
 def mirror_add(arr: np.ndarray, lo: int, hi: int, values) -> None:
@@ -61,15 +60,10 @@ def walk_many(residual: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.n
     backward, the last kernel from which kernels up to hi - 1 can still carry nbytes (the
     prefetch must start there). -1 where the window cannot carry it.
 
-    Short walks (the common case: a transfer spans a few kernels) gather the next kernels of
-    every row into one 2-D block, so they cost the transfers' lengths, not the windows'.
-    Rows still unresolved after that (saturated ledgers, long transfers) search a prefix sum
-    of the residual, `prefix()`, built once per ledger state by the caller.
+    A binary search in `prefix()`, the running sum of the residual, which the planner keeps
+    current after every pick: O(log N) per period however saturated the ledgers are.
     """
-    found, todo = _walk_short(residual, lo, hi, nbytes, forward)
-    if len(todo):
-        found[todo] = _walk_prefix(prefix(), lo[todo], hi[todo], nbytes[todo], forward)
-    return found
+    return _walk_prefix(prefix(), lo, hi, nbytes, forward)
 
 
 def residual_prefix(residual: np.ndarray) -> np.ndarray:
@@ -108,30 +102,3 @@ def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.
         return np.where(j < hi, j, -1)
     i = np.searchsorted(prefix, prefix[hi] - need, side="right") - 1
     return np.where(i >= lo, i, -1)
-
-
-def _walk_short(residual, lo, hi, nbytes, forward, rounds: int = 1):
-    """Up to `rounds` gathered rounds (64, then 256 kernels); returns (found, unresolved rows)."""
-    found = np.full(len(lo), -1, dtype=np.int64)
-    carried = np.zeros(len(lo))
-    done = np.zeros(len(lo), dtype=np.int64)       # kernels already walked per row
-    todo = np.arange(len(lo))
-    need = nbytes * (1 - REL_EPS)
-    chunk = FIRST_CHUNK_KERNELS // 4
-    for _ in range(rounds):
-        if not len(todo):
-            break
-        steps = done[todo, None] + np.arange(chunk)
-        pos = (lo[todo, None] + steps) if forward else (hi[todo, None] - 1 - steps)
-        inside = steps < (hi - lo)[todo, None]
-        pos = np.clip(pos, 0, len(residual) - 1)
-        avail = np.where(inside, residual[pos], 0.0)
-        cum = np.cumsum(avail, axis=1) + carried[todo, None]
-        hit = cum >= need[todo, None]
-        got = hit.any(axis=1)
-        first = np.argmax(hit, axis=1)
-        found[todo[got]] = pos[got, first[got]]
-        carried[todo], done[todo] = cum[:, -1], done[todo] + chunk
-        todo = todo[~got & (done[todo] < (hi - lo)[todo])]
-        chunk *= 4
-    return found, todo
