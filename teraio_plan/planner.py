@@ -134,7 +134,19 @@ class _Planner:
         return self.evaluate_many(np.asarray([i]))[0]
 
     def evaluate_many(self, ids: np.ndarray) -> list[Choice | None]:
-        found = {t: self._evaluate_tier(ids, t) for t in self.tiers}
+        walks = {t: self._walk_tier(ids, t) for t in self.tiers}
+        # One benefit pass for both tiers: their rows share tensor sizes, hence prefix sums.
+        oks = [walks[t][0] for t in self.tiers]
+        lo = np.concatenate([walks[t][1][ok] + 1 for t, ok in zip(self.tiers, oks)])
+        hi = np.concatenate([walks[t][2][ok] for t, ok in zip(self.tiers, oks)])
+        nbytes = np.concatenate([self.periods.nbytes[ids][ok] for ok in oks]).astype(np.float64)
+        values = self._benefits(lo, hi, nbytes)
+        found, start = {}, 0
+        for tier, ok in zip(self.tiers, oks):
+            value = np.full(len(ids), -1.0)
+            value[ok] = values[start:start + int(ok.sum())]
+            start += int(ok.sum())
+            found[tier] = (value, walks[tier][1], walks[tier][2])
         return [self._choose(found, row) for row in range(len(ids))]
 
     def _choose(self, found: dict, row: int) -> Choice | None:
@@ -148,8 +160,8 @@ class _Planner:
             return host
         return None
 
-    def _evaluate_tier(self, ids: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(benefit per byte, offload_by, prefetch_at) per period; benefit -1 where not viable."""
+    def _walk_tier(self, ids: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(viable, offload_by, prefetch_at) per period on this tier's residual ledgers."""
         p, led = self.periods, self.ledgers
         a, e, s = p.start[ids], p.end[ids], p.nbytes[ids].astype(np.float64)
         ok = self.latency_ok[tier][ids] & self._host_room(ids, tier)
@@ -160,9 +172,7 @@ class _Planner:
         ok &= t_off >= 0
         t_pre[ok] = ledger.walk_many(led[into], t_off[ok] + 1, e[ok], s[ok], False, self._prefix(into))
         ok &= (t_pre >= 0) & (t_pre - t_off >= 2)
-        value = np.full(len(ids), -1.0)
-        value[ok] = self._benefits(t_off[ok] + 1, t_pre[ok], s[ok])
-        return value, t_off, t_pre
+        return ok, t_off, t_pre
 
     def _prefix(self, path: str) -> Callable[[], np.ndarray]:
         """The residual prefix sum of a path, kept current by accept() once first asked for."""
@@ -189,21 +199,27 @@ class _Planner:
 
         Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
         away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size, which
-        favours big tensors over long stretches where little is over budget. Periods of one
-        size share a prefix sum over the over-budget kernels when that is cheaper than slicing.
+        favours big tensors over long stretches where little is over budget.
+        Where a tensor is at least as big as every excess in reach, min(excess, s) is the excess;
+        where it is no bigger than any, it is s: both share one prefix sum for all sizes. Only
+        the sizes in between need their own.
         """
         out = np.zeros(len(lo))
-        for size in np.unique(nbytes):
-            rows = np.flatnonzero(nbytes == size)
-            pos = self.over.between(int(lo[rows].min()), int(hi[rows].max()), always=True)
-            if len(pos) < int((hi[rows] - lo[rows]).sum()):
-                w = np.minimum(self.excess2[pos], size) * self.tau2[pos]
-                prefix = np.concatenate(([0.0], np.cumsum(w)))
-                i0, i1 = np.searchsorted(pos, lo[rows]), np.searchsorted(pos, hi[rows])
-                out[rows] = (prefix[i1] - prefix[i0]) / size
-            else:
-                for r in rows:
-                    out[r] = self._benefit_per_byte(int(lo[r]), int(hi[r]), size)
+        if not len(lo):
+            return out
+        pos = self.over.between(int(lo.min()), int(hi.max()), always=True)
+        excess, tau = self.excess2[pos], self.tau2[pos]
+        deepest, shallowest = excess.max(initial=0.0), excess[excess > 0].min(initial=np.inf)
+        i0, i1 = np.searchsorted(pos, lo), np.searchsorted(pos, hi)
+        big, small = nbytes >= deepest, nbytes <= shallowest
+        if big.any():
+            prefix = np.concatenate(([0.0], np.cumsum(excess * tau)))
+            out[big] = (prefix[i1[big]] - prefix[i0[big]]) / nbytes[big]
+        if small.any():
+            prefix = np.concatenate(([0.0], np.cumsum(tau * (excess > 0))))
+            out[small] = prefix[i1[small]] - prefix[i0[small]]
+        for r in np.flatnonzero(~big & ~small):
+            out[r] = self._benefit_per_byte(int(lo[r]), int(hi[r]), float(nbytes[r]))
         return out
 
     def _benefit_per_byte(self, lo: int, hi: int, nbytes: float) -> float:
