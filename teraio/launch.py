@@ -35,8 +35,10 @@ def resolve_command(argv: list[str]) -> list[str]:
     return list(argv)
 
 
-def child_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
+def child_env(settings: Settings, defaults: dict[str, str] | None = None) -> dict[str, str]:
+    """The job's environment: ours, `defaults` where the user set nothing, TERAIO_* settings."""
+    env = dict(defaults or {})
+    env.update(os.environ)
     env.update(settings.to_env())
     extra = [str(BOOTSTRAP_DIR)]
     package_root = Path(__file__).resolve().parent.parent
@@ -46,9 +48,9 @@ def child_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def run_command(command: list[str], settings: Settings) -> int:
+def run_command(command: list[str], settings: Settings, defaults: dict[str, str] | None = None) -> int:
     """Run to completion; Ctrl-C reaches the job first, which then decides how to end."""
-    proc = subprocess.Popen(command, env=child_env(settings))
+    proc = subprocess.Popen(command, env=child_env(settings, defaults))
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         return proc.wait()

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 from teraio.formats.trace import Kind, Phase
 
 BACKWARD_SCOPE = "bwd"
+OOM_RETRIES = 3
 
 
 class StorageRecord:
@@ -74,8 +75,8 @@ class WalkListener:
 
     def on_iteration_end(self, iteration: int, num_kernels: int) -> None: ...
 
-    def relieve_memory(self, inputs: list[StorageRecord]) -> bool:
-        """An op ran out of device memory; return True if memory was freed and it may retry."""
+    def relieve_memory(self, inputs: list[StorageRecord], attempt: int) -> bool:
+        """An op ran out of device memory (attempt 0, 1, ...); True lets it retry."""
         return False
 
 
@@ -211,16 +212,22 @@ class OpWalk(TorchDispatchMode):
         if func.namespace == "c10d":
             self._pin(inputs)
         self.listener.before_op(k, func, inputs)
-        try:
-            out = func(*args, **kwargs)
-        except torch.OutOfMemoryError:
-            if not self.listener.relieve_memory(inputs):
-                raise
-            out = func(*args, **kwargs)
+        out = self._call(func, args, kwargs, inputs)
         known = {r.key for r in inputs}
         new = [r for r in self._records_of(tree_leaves(out), func, None) if r.key not in known]
         self.listener.after_op(k, func, inputs, new, op_signature(func, out))
         return out
+
+    def _call(self, func, args, kwargs, inputs):
+        """Run the op; when it runs out of device memory, let the listener relieve memory in
+        stages (an op that fails to allocate has not written its outputs: a retry is safe)."""
+        for attempt in range(OOM_RETRIES + 1):
+            try:
+                return func(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                if attempt == OOM_RETRIES or not self.listener.relieve_memory(inputs, attempt):
+                    raise
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _pin(records) -> None:

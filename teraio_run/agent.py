@@ -75,7 +75,7 @@ class RunAgent(WalkListener):
             try:
                 self.engine.ensure_resident(record, cause)
             except torch.OutOfMemoryError:
-                self.relieve_memory(inputs)  # this op needs it: make room, then once more
+                self.relieve_memory(inputs, attempt=1)  # this op needs it: make room, then once more
                 self.engine.ensure_resident(record, cause)
 
     def _start_prefetches(self, k: int) -> None:
@@ -109,19 +109,24 @@ class RunAgent(WalkListener):
                     self.engine.offload(record, entry.tier)
         self._keep_budget(inputs + new)
 
-    def relieve_memory(self, inputs) -> bool:
-        """An op (or a restore it needs) ran out of device memory: wait for copies in flight,
-        evict what it does not use down to half the budget, and let it retry once (an op
-        that fails allocating has not written its outputs yet, so a retry is safe)."""
+    def relieve_memory(self, inputs, attempt: int = 0) -> bool:
+        """Note [Out of memory]: the cap counts memory the allocator reserves, which is more
+        than what tensors hold (blocks still read by a copy, fragments), so an op can fail
+        while our count is within budget. Relieve it in stages, cheapest first: (0) wait for
+        the copies in flight and return cached segments; (1) also evict down to the eviction
+        target; (2+) evict down to half the budget. Each stage lets the op retry once."""
         self.engine.stats.oom_retries += 1
+        t0 = time.perf_counter()
         with _disable_current_modes():
             self.engine.wait_offloads(self.walk.records)
             self.engine.wait_freeing()
-            before = self.resident_bytes()
-            self._evict(before, {r.key for r in inputs}, target=self.budget_bytes // 2)
-            self.engine.wait_freeing()  # the allocator may reuse those blocks only after the copies
+            if attempt >= 1:
+                target = int(self.budget_bytes * (EVICT_TARGET if attempt == 1 else 0.5))
+                self._evict(self.resident_bytes(), {r.key for r in inputs}, target=target)
+                self.engine.wait_freeing()  # the allocator reuses those blocks only after the copies
             if self.cuda:
-                torch.cuda.empty_cache()  # free cached segments: the cap counts reserved memory
+                torch.cuda.empty_cache()
+        self.engine.stats.stall("out_of_memory", "(out of memory)", time.perf_counter() - t0)
         return True
 
     # ----- memory ---------------------------------------------------------------------------

@@ -7,6 +7,10 @@ from teraio.formats.plan import load_plan
 from teraio.launch import resolve_command, run_command
 from teraio.settings import Settings
 
+# Tensors leave and come back all the time, in sizes that fragment a segmented pool, and the
+# cap counts reserved memory: growable segments keep reserved close to allocated.
+RUN_ENV_DEFAULTS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
 
 def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_mem_bytes: int,
         io_backend: str, strict: bool, device: str = "auto") -> int:
@@ -20,7 +24,7 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
                         plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
                         report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
                         io_backend=io_backend)
-    return run_command(command, settings)
+    return run_command(command, settings, RUN_ENV_DEFAULTS)
 
 
 def _check_plans(plan_path: Path) -> None:
