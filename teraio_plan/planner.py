@@ -91,6 +91,7 @@ class _Planner:
         self.tiers = [t for t in TIERS if self._tier_on(t)]
         self.latency_ok = {t: self._fits_latency(t, self.periods) for t in self.tiers}
         self.host_peak = 0
+        self.away: list[tuple[int, int, int]] = []  # (lo, hi, nbytes): kernels a pick is away over
         self.version = 0
         self.prefix: dict[str, np.ndarray] = {}
 
@@ -218,8 +219,15 @@ class _Planner:
         if small.any():
             prefix = np.concatenate(([0.0], np.cumsum(tau * (excess > 0))))
             out[small] = prefix[i1[small]] - prefix[i0[small]]
-        for r in np.flatnonzero(~big & ~small):
-            out[r] = self._benefit_per_byte(int(lo[r]), int(hi[r]), float(nbytes[r]))
+        mid = np.flatnonzero(~big & ~small)
+        for size in np.unique(nbytes[mid]):
+            rows = mid[nbytes[mid] == size]
+            if len(rows) > 1 and len(pos) < int((hi[rows] - lo[rows]).sum()):
+                prefix = np.concatenate(([0.0], np.cumsum(np.minimum(excess, size) * tau)))
+                out[rows] = (prefix[i1[rows]] - prefix[i0[rows]]) / size
+                continue
+            for r in rows:
+                out[r] = self._benefit_per_byte(int(lo[r]), int(hi[r]), float(size))
         return out
 
     def _benefit_per_byte(self, lo: int, hi: int, nbytes: float) -> float:
@@ -241,23 +249,44 @@ class _Planner:
             if path in self.prefix:
                 ledger.prefix_sub(self.prefix[path], lo, hi, taken)
         lo, hi = choice.offload_by + 1, choice.prefetch_at
-        ledger.mirror_add(self.m2, lo, hi, -s)
-        self._lower_excess(lo, hi)
+        self.away.append((lo, hi, s))
+        self._lower_memory(lo, hi, s)
         if tier == "host":
             # The pool holds the bytes from the start of the copy-out to the end of the copy-in.
             ledger.mirror_add(self.host_occ2, a + 1, e, s)
             self.host_peak = max(self.host_peak, int(self.host_occ2[a + 1:e].max()))
         return self._entry(i, choice)
 
-    def _lower_excess(self, lo: int, hi: int) -> None:
-        """Refresh excess over [lo, hi) after M dropped there (the range covers distinct slots)."""
-        old = self.excess2[lo:hi].copy()
-        new = np.maximum(self.m2[lo:hi] - self.budget, 0.0)
-        ledger.mirror_set(self.excess2, lo, hi, new)
-        self.excess_mass = max(0.0, self.excess_mass - _dot(old - new, self.tau2[lo:hi]))
+    def _lower_memory(self, lo: int, hi: int, nbytes: int) -> None:
+        """M -= nbytes over kernels [lo, hi), and the excess with it (the range covers distinct slots).
+
+        Only kernels still over budget are touched: elsewhere the excess is 0 and stays 0, and M
+        itself is rebuilt exactly from the picks at the end (claimed_memory). Late in planning the
+        over-budget kernels are a sliver of each window, so this is what keeps picks cheap.
+        """
+        idx = self.over.between(lo, hi, always=True)
+        if len(idx) > _OverSet.GATHER_SHARE * (hi - lo):
+            idx = np.arange(lo, hi)
+        mirror = np.where(idx < self.num_k, idx + self.num_k, idx - self.num_k)
+        old = self.excess2[idx]
+        memory = self.m2[idx] - nbytes
+        new = np.where(old > 0, np.maximum(memory - self.budget, 0.0), 0.0)
+        for where in (idx, mirror):
+            self.m2[where] = memory
+            self.excess2[where] = new
+        self.excess_mass = max(0.0, self.excess_mass - _dot(old - new, self.tau2[idx]))
         cleared = int(np.count_nonzero(old)) - int(np.count_nonzero(new))
         self.over_kernels -= cleared
         self.over.cleared(cleared)
+
+    def claimed_memory(self) -> np.ndarray:
+        """M[k] after the picks so far, exact: the curve without a plan minus what is away."""
+        diff = np.zeros(2 * self.num_k + 1)
+        for lo, hi, nbytes in self.away:
+            diff[lo] -= nbytes
+            diff[hi] += nbytes
+        away = np.cumsum(diff[:2 * self.num_k])
+        return self.m0 + np.rint(away[:self.num_k] + away[self.num_k:]).astype(np.int64)
 
     def _entry(self, i: int, c: Choice) -> PlanEntry:
         p, t, n = self.periods, int(self.periods.tensor[i]), self.num_k
@@ -276,7 +305,10 @@ class _Planner:
         return float(self.prefix_us[c.prefetch_at] - self.prefix_us[c.offload_by + 1]) / 1e3
 
     def peak(self) -> int:
-        return int(round(self.m2[:self.num_k].max())) if self.num_k else 0
+        """The highest M now (from the excess: M is only kept exact where it is over budget)."""
+        if self.over_kernels > 0:
+            return self.budget + int(round(self.excess2[:self.num_k].max()))
+        return int(self.claimed_memory().max()) if self.num_k else 0
 
     def run(self, progress: Callable[[float], None] | None) -> list[PlanEntry]:
         """Pick periods until the budget holds or nothing viable is left (Note [Lazy greedy])."""
@@ -347,7 +379,7 @@ class _Planner:
     def result(self, entries: list[PlanEntry]) -> PlannerResult:
         n = self.num_k
         return PlannerResult(
-            entries=entries, memory_bytes=np.rint(self.m2[:n]).astype(np.int64), memory_before_bytes=self.m0,
+            entries=entries, memory_bytes=self.claimed_memory(), memory_before_bytes=self.m0,
             host_pool_bytes=int(self.host_occ2[:n].max()) if n else 0,
             ledgers={k: v[:n].copy() for k, v in self.ledgers.items()},
             capacity={k: v[:n].copy() for k, v in self.capacity.items()},
