@@ -264,17 +264,24 @@ class _Planner:
         itself is rebuilt exactly from the picks at the end (claimed_memory). Late in planning the
         over-budget kernels are a sliver of each window, so this is what keeps picks cheap.
         """
-        idx = self.over.between(lo, hi, always=True)
-        if len(idx) > _OverSet.GATHER_SHARE * (hi - lo):
-            idx = np.arange(lo, hi)
-        mirror = np.where(idx < self.num_k, idx + self.num_k, idx - self.num_k)
-        old = self.excess2[idx]
-        memory = self.m2[idx] - nbytes
-        new = np.where(old > 0, np.maximum(memory - self.budget, 0.0), 0.0)
-        for where in (idx, mirror):
-            self.m2[where] = memory
-            self.excess2[where] = new
-        self.excess_mass = max(0.0, self.excess_mass - _dot(old - new, self.tau2[idx]))
+        idx = self.over.between(lo, hi)
+        if idx is None:  # most of the range is over budget: slices beat gathers
+            old = self.excess2[lo:hi].copy()
+            memory = self.m2[lo:hi] - nbytes
+            new = np.where(old > 0, np.maximum(memory - self.budget, 0.0), 0.0)
+            ledger.mirror_set(self.m2, lo, hi, memory)
+            ledger.mirror_set(self.excess2, lo, hi, new)
+            tau = self.tau2[lo:hi]
+        else:
+            mirror = np.where(idx < self.num_k, idx + self.num_k, idx - self.num_k)
+            old = self.excess2[idx]
+            memory = self.m2[idx] - nbytes
+            new = np.where(old > 0, np.maximum(memory - self.budget, 0.0), 0.0)
+            for where in (idx, mirror):
+                self.m2[where] = memory
+                self.excess2[where] = new
+            tau = self.tau2[idx]
+        self.excess_mass = max(0.0, self.excess_mass - _dot(old - new, tau))
         cleared = int(np.count_nonzero(old)) - int(np.count_nonzero(new))
         self.over_kernels -= cleared
         self.over.cleared(cleared)

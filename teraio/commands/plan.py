@@ -143,4 +143,7 @@ def _sweep_one(path: Path, trace: Trace, inputs, as_json: bool) -> dict:
             table.add_row(f"{r['bw_gbps']:g}", f"{r['share_of_ideal']:.1%}", format_ms(r["iteration_ms"]),
                           format_ms(r["stall_ms"]), format_bytes(r["peak_bytes"]), "yes" if r["fits"] else "no")
         console.print(table)
+        if not any(r["fits"] for r in rows):
+            console.print("no bandwidth here fits the budget (0% = the job would not run); the peak column "
+                          "shows how close each comes", soft_wrap=True)
     return {"trace": str(path), "budget_bytes": inputs.budget_bytes, "sweep": rows}
