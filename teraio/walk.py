@@ -30,7 +30,6 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from teraio.formats.trace import Kind, Phase
 
@@ -44,15 +43,15 @@ class StorageRecord:
     __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration",
                  "born_kernel", "pinned", "state")
 
-    def __init__(self, key, tensor_id, kind, tensor, ref, iteration, kernel):
+    def __init__(self, key, tensor_id, kind, tensor, storage, iteration, kernel):
         self.key = key
         self.id = tensor_id
         self.name = tensor_id
         self.kind = kind
-        self.nbytes = ref_nbytes = tensor.untyped_storage().nbytes()
-        self.dtype = str(tensor.dtype).removeprefix("torch.")
-        self.shape = list(tensor.shape) if ref_nbytes else []
-        self.ref = ref
+        self.nbytes = storage.nbytes()
+        self.dtype = str(tensor.dtype)[len("torch."):]
+        self.shape = list(tensor.shape) if self.nbytes else []
+        self.ref = StorageWeakRef(storage)
         self.born_iteration = iteration
         self.born_kernel = kernel
         self.pinned = False   # used by a collective: never moved (Note [Collective buffers])
@@ -88,10 +87,24 @@ class _Owners:
     param_name: dict = field(default_factory=dict)  # id(param) -> module path
 
 
-def op_signature(func, out) -> int:
+def op_signature(func, out_tensors: list) -> int:
     """crc32 of the op name and its output shapes: what the guard compares per kernel."""
-    shapes = [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    shapes = [tuple(t.shape) for t in out_tensors]
     return zlib.crc32(f"{func}|{shapes}".encode())
+
+
+def tensors_in(obj, found: list) -> list:
+    """The tensors in an op's arguments or results, in pytree order. ATen passes only
+    tuples, lists and dicts, so this beats torch's general pytree walk on the hot path."""
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            tensors_in(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            tensors_in(item, found)
+    return found
 
 
 class OpWalk(TorchDispatchMode):
@@ -112,6 +125,8 @@ class OpWalk(TorchDispatchMode):
         self.occurrences: dict[tuple, int] = {}
         self.in_optimizer = False
         self._handles = []
+        # Tensor.is_cuda / is_cpu are cheaper than building a torch.device per tensor per op.
+        self._on_device = (lambda t: t.is_cuda) if device_type == "cuda" else (lambda t: t.is_cpu)
 
     # ----- hooks that give ops their context -----------------------------------------------
     def install_hooks(self) -> None:
@@ -208,14 +223,15 @@ class OpWalk(TorchDispatchMode):
         kwargs = kwargs or {}
         k = self.kernel
         self.kernel += 1
-        inputs = self._records_of(tree_leaves((args, kwargs)), func, "in")
+        inputs = self._records_of(tensors_in(kwargs, tensors_in(args, [])), func, "in")
         if func.namespace == "c10d":
             self._pin(inputs)
         self.listener.before_op(k, func, inputs)
         out = self._call(func, args, kwargs, inputs)
+        out_tensors = tensors_in(out, [])
         known = {r.key for r in inputs}
-        new = [r for r in self._records_of(tree_leaves(out), func, None) if r.key not in known]
-        self.listener.after_op(k, func, inputs, new, op_signature(func, out))
+        new = [r for r in self._records_of(out_tensors, func, None) if r.key not in known]
+        self.listener.after_op(k, func, inputs, new, op_signature(func, out_tensors))
         return out
 
     def _call(self, func, args, kwargs, inputs):
@@ -240,44 +256,43 @@ class OpWalk(TorchDispatchMode):
     def _records_of(self, leaves, func, label) -> list[StorageRecord]:
         records, seen = [], set()
         index = 0
+        on_device = self._on_device
         for leaf in leaves:
-            if not isinstance(leaf, torch.Tensor) or leaf.device.type != self.device_type:
+            if not on_device(leaf):
                 continue
             index += 1
             try:
-                key = leaf.untyped_storage()._cdata
+                storage = leaf.untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue  # sparse and other storage-less tensors are not ours to move
+            key = storage._cdata
             if key in seen:
                 continue
             seen.add(key)
             record = self.records.get(key)
             if record is None:
-                record = self._new_record(key, leaf, func, label or str(index - 1))
+                record = self._new_record(key, leaf, storage, func, label or str(index - 1))
             records.append(record)
         return records
 
-    def _new_record(self, key, tensor, func, label) -> StorageRecord:
+    def _new_record(self, key, tensor, storage, func, label) -> StorageRecord:
         owned = self.owners.by_key.get(key)
         if owned is not None:
             tensor_id, kind = owned
         else:
-            tensor_id, kind = self._birth_name(func, label), self._birth_kind()
-        record = StorageRecord(key, tensor_id, kind, tensor, StorageWeakRef(tensor.untyped_storage()),
-                               self.iteration, self.kernel - 1)
+            phase = self.phase()
+            tensor_id = self._birth_name(func, label, phase)
+            kind = Kind.activation if phase == Phase.forward else Kind.other
+        record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration, self.kernel - 1)
         self.records[key] = record
         return record
 
-    def _birth_name(self, func, label) -> str:
-        scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if self.phase() == Phase.backward else "")
-        op = func.overloadpacket.__name__
-        base = f"{scope}/{op}.{label}"
+    def _birth_name(self, func, label, phase: Phase) -> str:
+        scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if phase == Phase.backward else "")
+        base = f"{scope}/{func.overloadpacket.__name__}.{label}"
         occurrence = self.occurrences.get(base, 0)
         self.occurrences[base] = occurrence + 1
         return f"{base}#{occurrence}"
-
-    def _birth_kind(self) -> Kind:
-        return Kind.activation if self.phase() == Phase.forward else Kind.other
 
     def forget_expired(self) -> list[StorageRecord]:
         """Drop records of freed storages; returns them (the profiler timestamps their death)."""
