@@ -53,6 +53,9 @@ class RunAgent(WalkListener):
         self.guard_reason = ""
         self.peak_bytes = 0
         self._ddp = None   # whether the model is wrapped in DDP, known at the first gradient
+        self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
+        self.per_iteration: list[dict] = []
+        self._last_totals: dict = {}
 
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
@@ -82,6 +85,7 @@ class RunAgent(WalkListener):
         for entry in self.prefetches_at.get(k, ()):
             record = self.by_id.get(entry.tensor)
             if record is None:
+                self.counts["plan_ids_missing"] += 1
                 continue
             try:
                 self.engine.prefetch(record)
@@ -105,8 +109,10 @@ class RunAgent(WalkListener):
         if self.following:
             for entry in self.offloads_after.get(k, ()):
                 record = self.by_id.get(entry.tensor)
-                if record is not None and self._movable(record):
-                    self.engine.offload(record, entry.tier)
+                if record is None:
+                    self.counts["plan_ids_missing"] += 1
+                elif self._movable(record) and self.engine.offload(record, entry.tier):
+                    self.counts["planned_offloads"] += 1
         self._keep_budget(inputs + new)
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
@@ -166,6 +172,7 @@ class RunAgent(WalkListener):
         now = time.perf_counter()
         self.iteration_s.append(now - self._t_iter)
         self._t_iter = now
+        self._log_iteration(iteration, num_kernels, now)
         digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
         matched = digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels
         if self.following and matched:
@@ -178,6 +185,20 @@ class RunAgent(WalkListener):
         self.signatures = []
         with _disable_current_modes():
             self._tidy()
+
+    def _log_iteration(self, iteration: int, num_kernels: int, now: float) -> None:
+        """One row per iteration for the report: where time and traffic went, and whether
+        the plan was followed (what tells a plan problem from a runtime one)."""
+        stats = self.engine.stats
+        totals = {"evictions": stats.evictions, "oom_retries": stats.oom_retries,
+                  "stall_ms": sum(stats.stall_ms.values()),
+                  "offloaded_bytes": sum(stats.offloaded_bytes.values())}
+        row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
+        row.update(self.counts, iteration=iteration, followed_plan=self.following, kernels=num_kernels,
+                   ms=(self.iteration_s[-1]) * 1e3)
+        self.per_iteration.append(row)
+        self._last_totals = totals
+        self.counts = dict.fromkeys(self.counts, 0)
 
     def _tidy(self) -> None:
         dead = self.walk.forget_expired()

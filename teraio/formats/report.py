@@ -23,6 +23,21 @@ class ReportHeader(Strict):
     plan_op_digest: str
 
 
+class IterationRow(Strict):
+    """What one iteration did; `followed_plan` is whether it ran the plan's actions."""
+
+    iteration: int
+    followed_plan: bool
+    kernels: int
+    ms: float
+    planned_offloads: int
+    plan_ids_missing: int
+    evictions: int
+    oom_retries: int
+    stall_ms: float
+    offloaded_bytes: int
+
+
 class RunReport(Strict):
     header: ReportHeader
     iterations: int
@@ -48,6 +63,7 @@ class RunReport(Strict):
     predicted_iteration_ms: float
     measured_iteration_ms: float
     kernel_time_drift: float | None
+    per_iteration: list[IterationRow] = []
 
 
 def save_report(report: RunReport, path: str | Path) -> None:
