@@ -2,33 +2,13 @@
 
 import numpy as np
 
-from teraio.formats.trace import Trace
+from teraio.formats.trace import Trace, live_bytes_per_kernel
 from teraio_plan.periods import CANDIDATE_KINDS
-
-
-def live_bytes(trace: Trace, mask: np.ndarray | None = None) -> np.ndarray:
-    """Tracked bytes held at each kernel (int64): globals always, intermediates over [born, freed).
-
-    The part of [born, freed) past the iteration end wraps to its start: in steady state the
-    previous iteration's copy is still alive there. A difference array: O(kernels + tensors).
-    """
-    num_k = trace.num_kernels
-    mask = np.ones(trace.num_tensors, dtype=bool) if mask is None else mask
-    is_global = (trace.born < 0) & mask
-    inter = (trace.born >= 0) & mask
-    born, freed, size = trace.born[inter], trace.freed[inter], trace.nbytes[inter]
-    diff = np.zeros(num_k + 1, dtype=np.int64)
-    np.add.at(diff, np.minimum(born, num_k), size)
-    np.add.at(diff, np.clip(freed, born, num_k), -size)
-    wrap = freed > num_k
-    np.add.at(diff, np.zeros(int(wrap.sum()), dtype=np.int64), size[wrap])
-    np.add.at(diff, np.minimum(freed[wrap] - num_k, num_k), -size[wrap])
-    return int(trace.nbytes[is_global].sum()) + np.cumsum(diff[:num_k])
 
 
 def memory_curve(trace: Trace, headroom_bytes: int) -> np.ndarray:
     """M[k]: everything live at kernel k, plus what the trace could not track, plus headroom."""
-    return live_bytes(trace) + int(trace.header.untracked_bytes) + int(headroom_bytes)
+    return live_bytes_per_kernel(trace) + int(trace.header.untracked_bytes) + int(headroom_bytes)
 
 
 def used_bytes(trace: Trace, mask: np.ndarray) -> np.ndarray:
@@ -51,6 +31,6 @@ def min_required_bytes(trace: Trace, headroom_bytes: int) -> tuple[int, int]:
     if trace.num_kernels == 0:
         return int(trace.header.untracked_bytes) + int(headroom_bytes), 0
     movable = np.isin(trace.kind, CANDIDATE_KINDS)
-    need = used_bytes(trace, movable) + live_bytes(trace, ~movable)
+    need = used_bytes(trace, movable) + live_bytes_per_kernel(trace, ~movable)
     k = int(np.argmax(need))
     return int(need[k]) + int(trace.header.untracked_bytes) + int(headroom_bytes), k

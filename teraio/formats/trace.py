@@ -219,23 +219,23 @@ def trace_to_file(trace: Trace) -> TraceFile:
     )
 
 
-def live_bytes_per_kernel(trace: Trace) -> np.ndarray:
-    """Tracked bytes held at each kernel with nothing offloaded (int64, one per kernel).
+def live_bytes_per_kernel(trace: Trace, mask: np.ndarray | None = None) -> np.ndarray:
+    """Tracked bytes held at each kernel with nothing offloaded (int64, one per kernel),
+    of all tensors or of those where `mask` is true.
 
     Globals count everywhere; an intermediate counts over [born, freed), and the part of
     that range past the iteration end wraps to its start (steady state: the previous
-    iteration's copy is still alive there). Uses a difference array: O(kernels + tensors).
+    iteration's copy is still alive there). A difference array: O(kernels + tensors).
     """
     num_k = trace.num_kernels
+    mask = np.ones(trace.num_tensors, dtype=bool) if mask is None else mask
+    is_global = (trace.born < 0) & mask
+    inter = (trace.born >= 0) & mask
+    born, freed, size = trace.born[inter], trace.freed[inter], trace.nbytes[inter]
     diff = np.zeros(num_k + 1, dtype=np.int64)
-    is_global = trace.born < 0
-    base = int(trace.nbytes[is_global].sum())
-    born, freed, size = trace.born[~is_global], trace.freed[~is_global], trace.nbytes[~is_global]
-    end = np.minimum(freed, num_k)
-    np.add.at(diff, born, size)
-    np.add.at(diff, end, -size)
+    np.add.at(diff, np.minimum(born, num_k), size)
+    np.add.at(diff, np.clip(freed, born, num_k), -size)
     wraps = freed > num_k
-    wrap_end = np.minimum(freed[wraps] - num_k, num_k)
-    np.add.at(diff, np.zeros_like(wrap_end), size[wraps])
-    np.add.at(diff, wrap_end, -size[wraps])
-    return base + np.cumsum(diff[:num_k])
+    np.add.at(diff, np.zeros(int(wraps.sum()), dtype=np.int64), size[wraps])
+    np.add.at(diff, np.minimum(freed[wraps] - num_k, num_k), -size[wraps])
+    return int(trace.nbytes[is_global].sum()) + np.cumsum(diff[:num_k])
