@@ -266,17 +266,15 @@ class _Planner:
         """
         idx = self.over.between(lo, hi)
         if idx is None:  # most of the range is over budget: slices beat gathers
-            old = self.excess2[lo:hi].copy()
             memory = self.m2[lo:hi] - nbytes
-            new = np.where(old > 0, np.maximum(memory - self.budget, 0.0), 0.0)
+            old, new = self._new_excess(self.excess2[lo:hi], memory)
             ledger.mirror_set(self.m2, lo, hi, memory)
             ledger.mirror_set(self.excess2, lo, hi, new)
             tau = self.tau2[lo:hi]
         else:
             mirror = np.where(idx < self.num_k, idx + self.num_k, idx - self.num_k)
-            old = self.excess2[idx]
             memory = self.m2[idx] - nbytes
-            new = np.where(old > 0, np.maximum(memory - self.budget, 0.0), 0.0)
+            old, new = self._new_excess(self.excess2[idx], memory)
             for where in (idx, mirror):
                 self.m2[where] = memory
                 self.excess2[where] = new
@@ -285,6 +283,15 @@ class _Planner:
         cleared = int(np.count_nonzero(old)) - int(np.count_nonzero(new))
         self.over_kernels -= cleared
         self.over.cleared(cleared)
+
+    def _new_excess(self, old: np.ndarray, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(a copy of the old excess, the new one). min() with the old keeps kernels whose M is
+        not kept exact (never over budget since the last rebuild) at their excess of 0."""
+        old = old.copy()
+        new = memory - self.budget
+        np.maximum(new, 0.0, out=new)
+        np.minimum(new, old, out=new)
+        return old, new
 
     def claimed_memory(self) -> np.ndarray:
         """M[k] after the picks so far, exact: the curve without a plan minus what is away."""
