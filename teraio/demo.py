@@ -45,6 +45,7 @@ def run_demo(workdir: Path, example_args: list[str], progress=lambda msg: None) 
 
     workdir.mkdir(parents=True, exist_ok=True)
     script = str(example_script())
+    example_args = ["--device", "cpu", *example_args]  # the demo is the CPU pipeline, GPU or not
     paths = {name: workdir / name for name in ("trace.msgpack", "plan.json", "run.json",
                                                  "losses_plain.json", "losses_planned.json")}
     progress("profiling the example")
@@ -68,7 +69,7 @@ def run_demo(workdir: Path, example_args: list[str], progress=lambda msg: None) 
 
 
 def _plain_run(script: str, example_args: list[str], losses_out: Path) -> None:
-    done = subprocess.run([sys.executable, script, *example_args, "--device", "cpu", "--losses-out", str(losses_out)],
+    done = subprocess.run([sys.executable, script, *example_args, "--losses-out", str(losses_out)],
                           stdout=subprocess.DEVNULL)
     if done.returncode != 0:
         raise ScriptError(f"the plain run of the example exited with code {done.returncode}")
