@@ -11,10 +11,8 @@ training: every op's inputs are made resident first (MigrationEngine.ensure_resi
 """
 
 import hashlib
-import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -160,7 +158,7 @@ class RunAgent(WalkListener):
         for record in candidates:
             if resident <= target:
                 break
-            if self.engine.offload(record, "host", reason="memory_short"):
+            if self.engine.offload(record, "host"):
                 self.engine.stats.evictions += 1
                 resident -= record.nbytes
         self.engine.wait_offloads(self.walk.records)

@@ -34,14 +34,12 @@ class Moved:
     state: str
     transfer: Transfer | None
     storage: torch.UntypedStorage | None   # strong ref only while a copy reads or writes it
-    reason: str = "plan"
 
 
 @dataclass
 class Stats:
     offloaded_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
     prefetched_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
-    offload_s: dict = field(default_factory=lambda: {"host": 0.0, "ssd": 0.0})
     stall_count: int = 0
     stall_ms: dict = field(default_factory=dict)       # cause -> ms
     stalls_by_tensor: dict = field(default_factory=dict)
@@ -81,6 +79,8 @@ class MigrationEngine:
         if moved.state == OFFLOADING:
             self._cancel_offload(record, moved)
         else:
+            if moved.state == PREFETCHING and not moved.transfer.done():
+                self.stats.deadline_misses += 1  # started, but not back by the kernel that needs it
             if moved.state == OFFLOADED:
                 self._start_prefetch(record, moved)
                 cause = "not_prefetched"
@@ -98,7 +98,7 @@ class MigrationEngine:
         self.stats.cancelled_offloads += 1
 
     # ----- plan actions --------------------------------------------------------------------
-    def offload(self, record, tier_name: str, reason: str = "plan") -> bool:
+    def offload(self, record, tier_name: str) -> bool:
         if record.key in self.moved or record.kind not in MOVABLE_KINDS:
             return False
         storage = record.storage()
@@ -110,7 +110,7 @@ class MigrationEngine:
             self.stats.skipped += 1
             return False
         tier, slot = placed
-        moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage, reason)
+        moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         moved.transfer = tier.copy_out(storage, slot)
         self.moved[record.key] = moved
         if tier.frees_at_once:

@@ -28,7 +28,6 @@ def build_report(agent, context) -> RunReport:
         io_backend=context.io_backend,
         offloaded_bytes=stats.offloaded_bytes,
         prefetched_bytes=stats.prefetched_bytes,
-        offload_bandwidth_gbps={},
         stall_count=stats.stall_count,
         stall_ms=round(sum(stats.stall_ms.values()), 3),
         stall_ms_by_cause={k: round(v, 3) for k, v in sorted(stats.stall_ms.items())},

@@ -1,7 +1,6 @@
 """Building the runtime from TERAIO_* settings, and tearing it down at exit."""
 
 import atexit
-import os
 import shutil
 import signal
 import sys

@@ -4,10 +4,8 @@ All through the real CLI on the bundled example (CPU): swap files through the PO
 a host pool in plain memory, gradient accumulation, clipping and an LR scheduler on.
 """
 
-import json
 import os
-import time
-from pathlib import Path
+import subprocess
 
 import pytest
 import torch
@@ -136,10 +134,8 @@ def test_two_rank_torchrun_with_per_rank_plans(tmp_path):
               "--nproc-per-node", 2, EXAMPLE, *args, "--losses-out", tmp_path / "profiled.json", cwd=tmp_path))
     plain = tmp_path / "plain"
     plain.mkdir()
-    env_cmd = ("torchrun", "--nproc-per-node", "2", str(EXAMPLE), *args, "--losses-out", str(plain / "l.json"))
-    import subprocess
-    import sys
-    subprocess.run(env_cmd, cwd=plain, check=True, capture_output=True,
+    plain_cmd = ("torchrun", "--nproc-per-node", "2", str(EXAMPLE), *args, "--losses-out", str(plain / "l.json"))
+    subprocess.run(plain_cmd, cwd=plain, check=True, capture_output=True,
                    env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
     assert losses(tmp_path / "planned.json") == losses(plain / "l.json") == losses(tmp_path / "profiled.json")
     for rank in (0, 1):

@@ -45,7 +45,6 @@ class RunReport(Strict):
     io_backend: Literal["gds", "compat", "posix", "none"]
     offloaded_bytes: dict[str, int]
     prefetched_bytes: dict[str, int]
-    offload_bandwidth_gbps: dict[str, float]
     stall_count: int
     stall_ms: float
     stall_ms_by_cause: dict[str, float]
