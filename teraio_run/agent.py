@@ -4,10 +4,10 @@ Note [When the plan is followed]
 Plan actions are keyed by kernel index, which only means something while the live op stream
 is the profiled one. An iteration follows the plan only if the previous iteration's op
 digest and length matched the plan's trace (so iteration 0, whose first optimizer step
-creates AdamW state, runs unplanned, and so does anything after a drift), and it stops
-no action is keyed past the trace's kernel count (ops after the last step, say). Unplanned stretches stay within
-budget by on-demand eviction of the least recently used tensors. Neither path can corrupt
-training: every op's inputs are made resident first (MigrationEngine.ensure_resident).
+creates AdamW state, runs unplanned, and so does anything after a drift); no action is
+keyed past the trace's kernel count (ops after the last step, say). Unplanned stretches
+stay within budget by on-demand eviction of the least recently used tensors. Neither path
+can corrupt training: every op's inputs are made resident first (ensure_resident).
 """
 
 import hashlib
@@ -136,7 +136,10 @@ class RunAgent(WalkListener):
     # ----- memory ---------------------------------------------------------------------------
     def resident_bytes(self) -> int:
         if self.cuda:
-            return torch.cuda.memory_allocated() - self.engine.pending_free_bytes()
+            # The allocator stops counting a block as allocated when it is freed, also one a
+            # side-stream copy still reads (record_stream); until that copy is done the block
+            # still counts against the cap (Note [Out of memory]).
+            return torch.cuda.memory_allocated()
         live = sum(r.nbytes for r in self.walk.records.values() if not r.ref.expired())
         return live - self.engine.offloaded_now
 
@@ -170,7 +173,7 @@ class RunAgent(WalkListener):
         now = time.perf_counter()
         self.iteration_s.append(now - self._t_iter)
         self._t_iter = now
-        self._log_iteration(iteration, num_kernels, now)
+        self._log_iteration(iteration, num_kernels)
         digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
         matched = digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels
         if self.following and matched:
@@ -184,7 +187,7 @@ class RunAgent(WalkListener):
         with _disable_current_modes():
             self._tidy()
 
-    def _log_iteration(self, iteration: int, num_kernels: int, now: float) -> None:
+    def _log_iteration(self, iteration: int, num_kernels: int) -> None:
         """One row per iteration for the report: where time and traffic went, and whether
         the plan was followed (what tells a plan problem from a runtime one)."""
         stats = self.engine.stats

@@ -12,7 +12,6 @@ States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching 
 """
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -65,10 +64,6 @@ class MigrationEngine:
         self.offloaded_now = 0              # device bytes currently released by us
         self.releasing: list[Moved] = []    # back on the device, slot still read by a copy
         self.copying_out: dict[int, Moved] = {}  # OFFLOADING only: what poll() looks at per op
-        # Released with record_stream while a stream copy still reads them: the allocator
-        # counts these bytes as allocated until the copy is done (FIFO: one d2h stream).
-        self.freeing: deque = deque()
-        self.freeing_bytes = 0
 
     # ----- the correctness path ------------------------------------------------------------
     def ensure_resident(self, record, cause: str) -> None:
@@ -115,8 +110,6 @@ class MigrationEngine:
         self.moved[record.key] = moved
         if tier.frees_at_once:
             self._release_device(record, moved)
-            self.freeing.append((moved.transfer, moved.nbytes))
-            self.freeing_bytes += moved.nbytes
         else:
             self.copying_out[record.key] = moved
         return True
@@ -169,17 +162,12 @@ class MigrationEngine:
                 still.append(moved)
         self.releasing = still
 
-    def pending_free_bytes(self) -> int:
-        """Device bytes already released by us that the allocator still counts."""
-        while self.freeing and self.freeing[0][0].done():
-            self.freeing_bytes -= self.freeing.popleft()[1]
-        return self.freeing_bytes
-
     def wait_freeing(self) -> None:
-        """Block until every released block can really be reused (out of memory: no choice)."""
-        if self.freeing:
-            self.freeing[-1][0].event.synchronize()
-            self.pending_free_bytes()
+        """Block until blocks released under record_stream can really be reused: the
+        allocator takes them back only once their copies are done (out of memory: no choice)."""
+        host = self.tiers["host"]
+        if host is not None and host.cuda:
+            host.d2h_stream.synchronize()
 
     # ----- progress, polled between ops ------------------------------------------------------
     def poll(self, records_by_key) -> None:
