@@ -182,10 +182,26 @@ class RunAgent(WalkListener):
             self._trip("the op stream of an iteration differed from the profiled one")
         elif not matched and iteration == self.plan.header.trace.steady_from_iteration and not self.iterations_on_plan:
             self._refuse(digest, num_kernels)
+        starting = matched and not self.following
         self.following = matched
         self.signatures = []
         with _disable_current_modes():
             self._tidy()
+            if starting:
+                self._catch_up_wraps()
+
+    def _catch_up_wraps(self) -> None:
+        """The plan is about to be followed after an unplanned iteration, which skipped the
+        offloads of periods that wrap around the boundary (weights and optimizer state idle
+        until the next iteration): do them now, or the first planned iteration starts with
+        all of them on the device and has to evict."""
+        for entries in self.offloads_after.values():
+            for entry in entries:
+                # only those whose prefetch falls in the coming iteration
+                in_next = entry.wraps and entry.prefetch_at < entry.offload_after
+                record = self.by_id.get(entry.tensor) if in_next else None
+                if record is not None and self._movable(record):
+                    self.engine.offload(record, entry.tier)
 
     def _log_iteration(self, iteration: int, num_kernels: int) -> None:
         """One row per iteration for the report: where time and traffic went, and whether
