@@ -53,52 +53,87 @@ def reserve(residual: np.ndarray, lo: int, hi: int, nbytes: float, forward: bool
     return take
 
 
-def walk_many(residual: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
-              forward: bool, prefix) -> np.ndarray:
+def walk_many(residual_sum: "RunningSum", lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
+              forward: bool) -> np.ndarray:
     """Per period (one row each), walking the residual bandwidth of kernels [lo, hi):
     forward, the first kernel by whose end nbytes have been carried (the offload is done);
     backward, the last kernel from which kernels up to hi - 1 can still carry nbytes (the
     prefetch must start there). -1 where the window cannot carry it.
 
-    A binary search in `prefix()`, the running sum of the residual, which the planner keeps
-    current after every pick: O(log N) per period however saturated the ledgers are.
+    A binary search in the running sum of the residual, which the planner keeps current after
+    every pick: O(log N) per period however saturated the ledgers are.
     """
-    return _walk_prefix(prefix(), lo, hi, nbytes, forward)
-
-
-def residual_prefix(residual: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(residual)))
-
-
-def prefix_sub(prefix: np.ndarray, lo: int, hi: int, taken: np.ndarray) -> None:
-    """Keep residual_prefix current after `taken` left kernels [lo, hi) and their mirrors.
-
-    Two tail subtractions instead of a new cumulative sum over the whole ledger.
-    """
-    num_k = (len(prefix) - 1) // 2
-    for start, part in _mirror_parts(lo, hi, taken, num_k):
-        prefix[start + 1:start + 1 + len(part)] -= np.cumsum(part)
-        prefix[start + 1 + len(part):] -= float(part.sum())
-
-
-def _mirror_parts(lo: int, hi: int, values: np.ndarray, num_k: int):
-    """(start, values) pieces of [lo, hi) and of its mirror, in absolute positions."""
-    yield lo, values
-    if hi <= num_k:
-        yield lo + num_k, values
-    elif lo >= num_k:
-        yield lo - num_k, values
-    else:
-        cut = num_k - lo
-        yield lo + num_k, values[:cut]
-        yield 0, values[cut:]
-
-
-def _walk_prefix(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
-                 forward: bool) -> np.ndarray:
-    need = nbytes * (1 - REL_EPS)
+    need_bytes = nbytes * (1 - REL_EPS)
     if forward:
-        j = np.searchsorted(prefix, prefix[lo] + need, side="left") - 1
+        j = residual_sum.searchsorted(residual_sum.at(lo) + need_bytes, "left") - 1
         return np.where(j < hi, j, -1)
-    i = np.searchsorted(prefix, prefix[hi] - need, side="right") - 1
+    i = residual_sum.searchsorted(residual_sum.at(hi) - need_bytes, "right") - 1
     return np.where(i >= lo, i, -1)
+
+
+class RunningSum:
+    """prefix[k] = sum of values[0:k] (k = 0..len), kept in two levels so a change is cheap.
+
+    One flat cumulative sum costs O(N) to keep current after every pick (a tail subtraction
+    over the rest of the ledger), and at 250k kernels that was the largest cost per pick.
+    Here the values are cut into blocks of BLOCK_KERNELS: a running sum within each block
+    plus the sums up to each block start. A change to values[lo:hi] redoes the blocks it
+    touches and the block starts: O(hi - lo + BLOCK_KERNELS + N / BLOCK_KERNELS) instead of
+    O(N). A lookup adds one of each; a search finds the block first, then the kernel in it.
+    Every number is recomputed from the values, so no rounding error piles up over picks.
+    """
+
+    BLOCK_KERNELS = 256
+
+    def __init__(self, values: np.ndarray):
+        self.values = values  # the caller's array, not a copy: refresh() after changing it
+        self.size = len(values)
+        self.num_blocks = max(1, -(-self.size // self.BLOCK_KERNELS))
+        # within[b, j]: the sum of block b's values before its j-th. One extra row of zeros so
+        # that prefix[len] (len a multiple of the block) reads starts[num_blocks] + 0.
+        self.within = np.zeros((self.num_blocks + 1, self.BLOCK_KERNELS))
+        self.block_totals = np.zeros(self.num_blocks)
+        self.starts = np.zeros(self.num_blocks + 1)  # starts[b]: the sum of values before block b
+        self.refresh(0, self.size)
+
+    def refresh(self, lo: int, hi: int) -> None:
+        """Redo the sums after values[lo:hi] changed."""
+        if hi <= lo:
+            return
+        block = self.BLOCK_KERNELS
+        first, last = lo // block, (hi - 1) // block + 1
+        rows = np.zeros((last - first) * block)  # the tail of the last block is padding (0)
+        span = self.values[first * block:min(last * block, self.size)]
+        rows[:len(span)] = span
+        sums = np.cumsum(rows.reshape(last - first, block), axis=1)
+        self.within[first:last, 1:] = sums[:, :-1]
+        self.block_totals[first:last] = sums[:, -1]
+        self.starts[1:] = np.cumsum(self.block_totals)
+
+    def at(self, k: np.ndarray) -> np.ndarray:
+        """prefix[k] for an array of k in [0, len]."""
+        b, j = np.divmod(k, self.BLOCK_KERNELS)
+        return self.starts[b] + self.within[b, j]
+
+    def searchsorted(self, target: np.ndarray, side: str) -> np.ndarray:
+        """np.searchsorted(prefix, target, side), without a flat prefix: the block, then the kernel."""
+        b = np.clip(np.searchsorted(self.starts, target, side) - 1, 0, self.num_blocks - 1)
+        rows = self.starts[b][:, None] + self.within[b]
+        below = rows < target[:, None] if side == "left" else rows <= target[:, None]
+        k = b * self.BLOCK_KERNELS + np.count_nonzero(below, axis=1)
+        beyond = target > self.starts[-1] if side == "left" else target >= self.starts[-1]
+        return np.where(beyond, self.size + 1, np.minimum(k, self.size))
+
+    def refresh_mirrored(self, lo: int, hi: int) -> None:
+        """refresh() for kernels [lo, hi) of a mirrored array (module docstring) and their mirrors."""
+        for start, stop in _mirror_spans(lo, hi, self.size // 2):
+            self.refresh(start, stop)
+
+
+def _mirror_spans(lo: int, hi: int, num_k: int) -> list[tuple[int, int]]:
+    """[start, stop) pieces of [lo, hi) and of its mirror, in absolute positions."""
+    if hi <= num_k:
+        return [(lo, hi), (lo + num_k, hi + num_k)]
+    if lo >= num_k:
+        return [(lo, hi), (lo - num_k, hi - num_k)]
+    return [(lo, hi), (lo + num_k, 2 * num_k), (0, hi - num_k)]

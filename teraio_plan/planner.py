@@ -93,7 +93,8 @@ class _Planner:
         self.host_peak = 0
         self.away: list[tuple[int, int, int]] = []  # (lo, hi, nbytes): kernels a pick is away over
         self.version = 0
-        self.prefix: dict[str, np.ndarray] = {}
+        # Running sums of the residual ledgers: a walk is a binary search in one of them.
+        self.residual_sums = {p: ledger.RunningSum(r) for p, r in self.ledgers.items()}
 
     def _tier_on(self, tier: str) -> bool:
         return self.rates.peak(tier, True) > 0 and self.rates.peak(tier, False) > 0
@@ -163,25 +164,17 @@ class _Planner:
 
     def _walk_tier(self, ids: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(viable, offload_by, prefetch_at) per period on this tier's residual ledgers."""
-        p, led = self.periods, self.ledgers
+        p, sums = self.periods, self.residual_sums
         a, e, s = p.start[ids], p.end[ids], p.nbytes[ids].astype(np.float64)
         ok = self.latency_ok[tier][ids] & self._host_room(ids, tier)
         t_off = np.full(len(ids), -1, dtype=np.int64)
         t_pre = np.full(len(ids), -1, dtype=np.int64)
         out, into = OUT_PATH[tier], IN_PATH[tier]
-        t_off[ok] = ledger.walk_many(led[out], a[ok] + 1, e[ok], s[ok], True, self._prefix(out))
+        t_off[ok] = ledger.walk_many(sums[out], a[ok] + 1, e[ok], s[ok], True)
         ok &= t_off >= 0
-        t_pre[ok] = ledger.walk_many(led[into], t_off[ok] + 1, e[ok], s[ok], False, self._prefix(into))
+        t_pre[ok] = ledger.walk_many(sums[into], t_off[ok] + 1, e[ok], s[ok], False)
         ok &= (t_pre >= 0) & (t_pre - t_off >= 2)
         return ok, t_off, t_pre
-
-    def _prefix(self, path: str) -> Callable[[], np.ndarray]:
-        """The residual prefix sum of a path, kept current by accept() once first asked for."""
-        def get() -> np.ndarray:
-            if path not in self.prefix:
-                self.prefix[path] = ledger.residual_prefix(self.ledgers[path])
-            return self.prefix[path]
-        return get
 
     def _host_room(self, ids: np.ndarray, tier: str) -> np.ndarray:
         """Whether the pinned pool can hold each tensor over its whole period."""
@@ -246,8 +239,7 @@ class _Planner:
                                                  (IN_PATH[tier], "in", choice.prefetch_at, e, False)):
             taken = ledger.reserve(led[path], lo, hi, s, forward)
             ledger.mirror_add(link[direction], lo, hi, taken)
-            if path in self.prefix:
-                ledger.prefix_sub(self.prefix[path], lo, hi, taken)
+            self.residual_sums[path].refresh_mirrored(lo, hi)
         lo, hi = choice.offload_by + 1, choice.prefetch_at
         self.away.append((lo, hi, s))
         self._lower_memory(lo, hi, s)

@@ -178,3 +178,22 @@ def test_teraio_plan_imports_no_torch():
             "('torch', 'kvikio'))))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+@pytest.mark.parametrize("size", [3, 255, 256, 1000, 1024])
+def test_running_sum_matches_a_flat_cumulative_sum(size):
+    from teraio_plan.ledger import RunningSum
+    rng = np.random.default_rng(size)
+    values = rng.random(size) * (rng.random(size) > 0.3)  # runs of zeros: flat stretches
+    sums = RunningSum(values)
+    for _ in range(5):
+        lo = int(rng.integers(0, size))
+        hi = int(rng.integers(lo, size)) + 1
+        values[lo:hi] *= rng.random(hi - lo)
+        sums.refresh(lo, hi)
+    flat = np.concatenate(([0.0], np.cumsum(values)))
+    assert np.allclose(sums.at(np.arange(size + 1)), flat, rtol=0, atol=1e-9)
+    # Away from exact hits (where rounding picks a side of a flat stretch) the searches agree.
+    targets = rng.random(300) * flat[-1] * 1.2 - 0.1
+    for side in ("left", "right"):
+        assert (sums.searchsorted(targets, side) == np.searchsorted(flat, targets, side)).all()
