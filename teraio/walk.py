@@ -83,6 +83,9 @@ class WalkListener:
 class _Owners:
     """Storage key -> (id, kind) for what the model and optimizers own."""
 
+    # storage key -> (id, kind, weak ref). The weak ref keeps a dead owner's key from being
+    # reused by an unrelated new storage (which would inherit its name) until the entry is
+    # dropped, which refresh_owners does for dead ones.
     by_key: dict = field(default_factory=dict)
     param_name: dict = field(default_factory=dict)  # id(param) -> module path
 
@@ -177,6 +180,9 @@ class OpWalk(TorchDispatchMode):
 
     def refresh_owners(self) -> None:
         """Name gradients and optimizer state through the optimizers (Note [Tensor identity])."""
+        by_key = self.owners.by_key
+        for key in [key for key, (_, _, ref) in by_key.items() if ref.expired()]:
+            del by_key[key]  # a gradient freed by zero_grad: its key may now be reused
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
                 for param in group["params"]:
@@ -193,7 +199,7 @@ class OpWalk(TorchDispatchMode):
         if tensor.device.type != self.device_type:
             return
         key = tensor.untyped_storage()._cdata
-        self.owners.by_key[key] = (tensor_id, kind)
+        self.owners.by_key[key] = (tensor_id, kind, StorageWeakRef(tensor.untyped_storage()))
         record = self.records.get(key)
         if record is None:
             return
@@ -278,7 +284,7 @@ class OpWalk(TorchDispatchMode):
     def _new_record(self, key, tensor, storage, func, label) -> StorageRecord:
         owned = self.owners.by_key.get(key)
         if owned is not None:
-            tensor_id, kind = owned
+            tensor_id, kind, _ = owned
         else:
             phase = self.phase()
             tensor_id = self._birth_name(func, label, phase)

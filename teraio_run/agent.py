@@ -90,14 +90,21 @@ class RunAgent(WalkListener):
             except torch.OutOfMemoryError:
                 self.engine.stats.skipped += 1  # no room yet: it comes back when an op needs it
 
-    def _movable(self, record) -> bool:
-        """Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
+    def _movable(self, record, kind: Kind) -> bool:
+        """Whether a storage may leave the device, `kind` being what the trace (for a plan
+        action) or the walk (for an eviction) says it is. The walk learns that a storage is
+        a gradient only at the optimizer step, after its offload was due: for plan actions
+        the trace's kind is the one to trust.
+
+        Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
         into .grad from its communication threads, where no dispatch mode runs, so a
         gradient we had released would be written through a dangling pointer. Under DDP
         gradients stay on the device; everything else still moves."""
-        if record.kind == Kind.gradient and self._ddp is None:
+        if record.pinned or kind not in MOVABLE_KINDS:
+            return False
+        if kind == Kind.gradient and self._ddp is None:
             self._ddp = any(type(root).__name__ == "DistributedDataParallel" for root in self.walk.roots)
-        return not (record.kind == Kind.gradient and self._ddp)
+        return not (kind == Kind.gradient and self._ddp)
 
     def after_op(self, k, func, inputs, new, signature):
         self.signatures.append(signature)
@@ -109,7 +116,7 @@ class RunAgent(WalkListener):
                 record = self.by_id.get(entry.tensor)
                 if record is None:
                     self.counts["plan_ids_missing"] += 1
-                elif self._movable(record) and self.engine.offload(record, entry.tier):
+                elif self._movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
                     self.counts["planned_offloads"] += 1
         self._keep_budget(inputs + new)
 
@@ -145,9 +152,19 @@ class RunAgent(WalkListener):
 
     def _keep_budget(self, in_use) -> None:
         resident = self.resident_bytes()
+        if resident > self.budget_bytes > 0 and self.engine.copying_out:
+            resident = self._wait_for_offloads()
         if resident > self.budget_bytes > 0:
             resident = self._evict(resident, {r.key for r in in_use})
         self.peak_bytes = max(self.peak_bytes, resident)
+
+    def _wait_for_offloads(self) -> int:
+        """Over budget while planned copies are still going out: they are what the plan
+        counted on, so wait for them before evicting anything it did not plan."""
+        t0 = time.perf_counter()
+        self.engine.wait_offloads(self.walk.records)
+        self.engine.stats.stall("memory_short", "(waiting for offloads)", time.perf_counter() - t0)
+        return self.resident_bytes()
 
     def _evict(self, resident: int, protected: set, target: int | None = None) -> int:
         """Belady needs the future; in an unplanned stretch we only know the past, so evict
@@ -155,8 +172,8 @@ class RunAgent(WalkListener):
         t0 = time.perf_counter()
         target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
         candidates = [r for r in self.walk.records.values()
-                      if r.kind in MOVABLE_KINDS and r.key not in protected and r.key not in self.engine.moved
-                      and not r.ref.expired() and self._movable(r)]
+                      if r.key not in protected and r.key not in self.engine.moved
+                      and not r.ref.expired() and self._movable(r, r.kind)]
         candidates.sort(key=lambda r: self.last_use.get(r.key, 0))
         for record in candidates:
             if resident <= target:
@@ -200,7 +217,7 @@ class RunAgent(WalkListener):
                 # only those whose prefetch falls in the coming iteration
                 in_next = entry.wraps and entry.prefetch_at < entry.offload_after
                 record = self.by_id.get(entry.tensor) if in_next else None
-                if record is not None and self._movable(record):
+                if record is not None and self._movable(record, Kind[entry.kind]):
                     self.engine.offload(record, entry.tier)
 
     def _log_iteration(self, iteration: int, num_kernels: int) -> None:

@@ -94,7 +94,8 @@ class MigrationEngine:
 
     # ----- plan actions --------------------------------------------------------------------
     def offload(self, record, tier_name: str) -> bool:
-        if record.key in self.moved or record.kind not in MOVABLE_KINDS:
+        """Start moving a storage out (the caller decided it may move); False if it cannot."""
+        if record.key in self.moved:
             return False
         storage = record.storage()
         if storage is None or storage.nbytes() == 0 or not storage.resizable():

@@ -156,3 +156,19 @@ def test_plan_for_another_rank_is_refused(work, tmp_path):
     save_plan(plan, tmp_path / "plan.json")
     proc = teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--", "python", EXAMPLE, *ARGS, cwd=tmp_path)
     assert proc.returncode != 0 and "made for rank 1 of 2" in proc.stderr
+
+
+def test_planned_iterations_run_the_plan_without_evicting(work, tmp_path):
+    """With a plan that fits, every planned iteration does its planned offloads and never
+    needs the on-demand eviction (the first one included: it catches up the wrap-around
+    offloads that the unplanned iterations skipped)."""
+    trace = load_trace(work / "trace.msgpack")
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", int(peak_bytes(trace) * 0.9), "--ssds", 1,
+              "--host-mem", peak_bytes(trace), "-o", tmp_path / "plan.json", cwd=tmp_path))
+    ok(teraio("run", "--plan", tmp_path / "plan.json", "--report", tmp_path / "run.json", "--ssd-dir",
+              tmp_path / "ssd", "--", "python", EXAMPLE, *ARGS, cwd=tmp_path))
+    rows = load_report(tmp_path / "run.json").per_iteration
+    planned = [row for row in rows[:-1] if row.followed_plan]  # the last one ends in the job's tail
+    assert len(planned) >= 3
+    assert all(row.evictions == 0 and row.oom_retries == 0 for row in planned), rows
+    assert all(row.planned_offloads > 0 and row.plan_ids_missing == 0 for row in planned), rows
