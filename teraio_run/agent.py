@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind
+from teraio.units import format_bytes
 from teraio.walk import OpWalk, WalkListener, activate
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
@@ -284,4 +285,8 @@ def start(settings):
     agent, context = build_agent(settings, plan, plan_path)
     activate(agent.walk)
     install_exit_handlers(agent, context)
+    print(f"teraio: rank {settings.rank} follows {plan_path.name} ({len(plan.entries)} entries) on "
+          f"{agent.walk.device_type}, budget {format_bytes(agent.budget_bytes)}, host pool "
+          f"{format_bytes(context.pool_bytes)}, swap I/O {context.io_backend} in {len(context.run_dirs)} folder(s)",
+          file=sys.stderr)
     return agent

@@ -27,6 +27,7 @@ class RunContext:
     run_dirs: list
     io_backend: str
     threads: ThreadPoolExecutor
+    pool_bytes: int
 
 
 def plan_for_rank(settings: Settings) -> tuple[Plan, Path]:
@@ -71,7 +72,7 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     pool = HostPool(max(plan.header.prediction.host_pool_bytes, inputs.host_mem_bytes), pin=cuda)
     engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda)
     agent = RunAgent(plan, engine, device_type, budget, strict=settings.strict)
-    return agent, RunContext(settings, plan_path, run_dirs, files.name, threads)
+    return agent, RunContext(settings, plan_path, run_dirs, files.name, threads, pool.capacity)
 
 
 def _cap_device_memory(cap_bytes: int) -> None:
