@@ -26,31 +26,27 @@ def mirror_add(arr: np.ndarray, lo: int, hi: int, values) -> None:
         arr[:hi - num_k] += tail
 
 
-def mirror_set(arr: np.ndarray, lo: int, hi: int, values: np.ndarray) -> None:
-    """arr[lo:hi] = values, and the same on the mirrored slots."""
-    num_k = len(arr) // 2
-    arr[lo:hi] = values
-    if hi <= num_k:
-        arr[lo + num_k:hi + num_k] = values
-    elif lo >= num_k:
-        arr[lo - num_k:hi - num_k] = values
-    else:
-        cut = num_k - lo
-        arr[lo + num_k:] = values[:cut]
-        arr[:hi - num_k] = values[cut:]
-
-
-def reserve(residual: np.ndarray, lo: int, hi: int, nbytes: float, forward: bool) -> np.ndarray:
+def reserve(residual_sum: "RunningSum", lo: int, hi: int, nbytes: float, forward: bool) -> tuple[np.ndarray, np.ndarray]:
     """Take nbytes from the residual of kernels [lo, hi), filling from the front (or back).
 
-    Returns what was taken per kernel (for the link's accounts).
+    Returns (slots, bytes taken there), only where something was taken: on saturated ledgers
+    a walk crosses long stretches that earlier picks already emptied, and nothing there changes
+    (the running sum's empty blocks are skipped without reading them).
     """
-    take = residual[lo:hi].copy()
+    residual = residual_sum.values
+    slots = residual_sum.nonzero_slots(lo, hi)
+    take = residual[slots]
     order = take if forward else take[::-1]
     before_last = float(order[:-1].sum())
     order[-1] = min(float(order[-1]), max(0.0, nbytes - before_last))
-    mirror_add(residual, lo, hi, -take)  # take <= residual, so it never goes negative
-    return take
+    mirror_add_at(residual, slots, -take)  # take <= residual, so it never goes negative
+    residual_sum.refresh_slots(slots)
+    return slots, take
+
+
+def mirror_add_at(arr: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
+    """arr[slots] += values, and the same on the mirrored slots (slots distinct, within N of each other)."""
+    arr[with_mirrors(slots, len(arr) // 2)] += np.concatenate((values, values))
 
 
 def walk_many(residual_sum: "RunningSum", lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
@@ -83,7 +79,7 @@ class RunningSum:
     Every number is recomputed from the values, so no rounding error piles up over picks.
     """
 
-    BLOCK_KERNELS = 256
+    BLOCK_KERNELS = 64  # a search reads one block; a change redoes num_blocks start sums
 
     def __init__(self, values: np.ndarray):
         self.values = values  # the caller's array, not a copy: refresh() after changing it
@@ -98,36 +94,57 @@ class RunningSum:
 
     def refresh(self, lo: int, hi: int) -> None:
         """Redo the sums after values[lo:hi] changed."""
+        self._redo_blocks(lo, hi)
+        self.starts[1:] = np.cumsum(self.block_totals)
+
+    def nonzero_slots(self, lo: int, hi: int) -> np.ndarray:
+        """Sorted slots in [lo, hi) whose value is not 0, reading only blocks with a total."""
+        block = self.BLOCK_KERNELS
+        first = lo // block
+        blocks = first + np.flatnonzero(self.block_totals[first:(hi - 1) // block + 1])
+        slots = (blocks[:, None] * block + np.arange(block)).ravel()
+        slots = slots[(slots >= lo) & (slots < hi)]
+        return slots[self.values[slots] != 0]
+
+    def refresh_slots(self, slots: np.ndarray) -> None:
+        """Redo the sums after values changed at `slots` and their mirrors (module docstring)."""
+        block = self.BLOCK_KERNELS
+        blocks = np.unique(with_mirrors(slots, self.size // 2) // block)
+        position = blocks[:, None] * block + np.arange(block)
+        rows = np.where(position < self.size, self.values[np.minimum(position, self.size - 1)], 0.0)
+        sums = np.cumsum(rows, axis=1)
+        self.within[blocks, 1:] = sums[:, :-1]
+        self.block_totals[blocks] = sums[:, -1]
+        self.starts[1:] = np.cumsum(self.block_totals)
+
+    def _redo_blocks(self, lo: int, hi: int) -> None:
         if hi <= lo:
             return
         block = self.BLOCK_KERNELS
         first, last = lo // block, (hi - 1) // block + 1
-        rows = np.zeros((last - first) * block)  # the tail of the last block is padding (0)
-        span = self.values[first * block:min(last * block, self.size)]
-        rows[:len(span)] = span
+        if last * block <= self.size:
+            rows = self.values[first * block:last * block]
+        else:  # the last block is short: pad it with zeros
+            rows = np.zeros((last - first) * block)
+            rows[:self.size - first * block] = self.values[first * block:]
         sums = np.cumsum(rows.reshape(last - first, block), axis=1)
         self.within[first:last, 1:] = sums[:, :-1]
         self.block_totals[first:last] = sums[:, -1]
-        self.starts[1:] = np.cumsum(self.block_totals)
 
     def at(self, k: np.ndarray) -> np.ndarray:
         """prefix[k] for an array of k in [0, len]."""
-        b, j = np.divmod(k, self.BLOCK_KERNELS)
-        return self.starts[b] + self.within[b, j]
+        return self.starts[k // self.BLOCK_KERNELS] + self.within.ravel()[k]  # row b, column j = k - b * block
 
     def searchsorted(self, target: np.ndarray, side: str) -> np.ndarray:
         """np.searchsorted(prefix, target, side), without a flat prefix: the block, then the kernel."""
-        b = np.clip(np.searchsorted(self.starts, target, side) - 1, 0, self.num_blocks - 1)
-        rows = self.starts[b][:, None] + self.within[b]
+        # (Called for every evaluation: a few cheap numpy calls, no np.clip / np.where.)
+        b = np.minimum(np.maximum(np.searchsorted(self.starts, target, side) - 1, 0), self.num_blocks - 1)
+        rows = self.within[b]
+        rows += self.starts[b][:, None]
         below = rows < target[:, None] if side == "left" else rows <= target[:, None]
-        k = b * self.BLOCK_KERNELS + np.count_nonzero(below, axis=1)
+        k = below.sum(axis=1) + b * self.BLOCK_KERNELS
         beyond = target > self.starts[-1] if side == "left" else target >= self.starts[-1]
-        return np.where(beyond, self.size + 1, np.minimum(k, self.size))
-
-    def refresh_mirrored(self, lo: int, hi: int) -> None:
-        """refresh() for kernels [lo, hi) of a mirrored array (module docstring) and their mirrors."""
-        for start, stop in _mirror_spans(lo, hi, self.size // 2):
-            self.refresh(start, stop)
+        return np.minimum(k, self.size) + beyond  # past everything: len + 1, as np.searchsorted says
 
 
 def _mirror_spans(lo: int, hi: int, num_k: int) -> list[tuple[int, int]]:
@@ -137,3 +154,147 @@ def _mirror_spans(lo: int, hi: int, num_k: int) -> list[tuple[int, int]]:
     if lo >= num_k:
         return [(lo, hi), (lo - num_k, hi - num_k)]
     return [(lo, hi), (lo + num_k, 2 * num_k), (0, hi - num_k)]
+
+
+class Excess:
+    """Memory over the budget per kernel slot (mirrored), in blocks that are lowered lazily.
+
+    Note [Blocked excess]
+        The planner asks two things, over and over: lower the excess by s over kernels
+        [lo, hi) (a pick), and the relief of keeping s bytes away over [lo, hi), the sum of
+        min(s, excess[k]) * tau[k] (an evaluation; 20 of them per pick on the H200 traces).
+        Windows are long (half an iteration on average), so doing either kernel by kernel costs
+        O(N) and at 250k kernels that was most of the planning time.
+        Here the slots are cut into blocks of BLOCK_KERNELS, each with its over-budget time,
+        its excess mass (excess * tau), its largest and its smallest positive excess. A pick
+        lowers a whole block by adding to its `pending` cut when every over-budget kernel in
+        it stays over (nothing else about the block changes shape), and only redoes kernel by
+        kernel the blocks where some kernel reaches the budget, plus the two ends. A relief
+        adds s * (over-budget time) for a whole block whose smallest excess is at least s,
+        its excess mass when its largest is at most s, and goes kernel by kernel only in the
+        other blocks and the two ends. Blocks with no kernel over budget are skipped outright.
+        Excess values stay exact integers (bytes in float64): the lazy cut only postpones a
+        subtraction of whole bytes. Only the tau-weighted sums see a different rounding.
+    """
+
+    BLOCK_KERNELS = 256
+
+    def __init__(self, excess_bytes: np.ndarray, tau_us: np.ndarray):
+        block = self.BLOCK_KERNELS
+        self.size = len(excess_bytes)
+        self.num_blocks = max(1, -(-self.size // block))
+        self.excess = _blocks(excess_bytes, self.num_blocks, block)  # true = stored - pending where > 0
+        self.tau = _blocks(tau_us, self.num_blocks, block)
+        self.pending = np.zeros(self.num_blocks)  # bytes still to take from every kernel over budget
+        self.over_us = np.zeros(self.num_blocks)        # time of the block's kernels over budget
+        self.stored_mass = np.zeros(self.num_blocks)    # sum of stored excess * tau (byte*us)
+        self.stored_top = np.zeros(self.num_blocks)     # largest stored excess
+        self.stored_floor = np.zeros(self.num_blocks)   # smallest positive stored excess (inf: none)
+        self.over_count = np.zeros(self.num_blocks, dtype=np.int64)
+        # First and last slot over budget in each block: a window that covers both covers the
+        # block as far as excess goes, whatever it misses of the kernels under budget. So two
+        # windows over the same over-budget kernels get the same sums, to the last bit, and
+        # ties between periods stay ties.
+        self.over_first = np.zeros(self.num_blocks, dtype=np.int64)
+        self.over_last = np.zeros(self.num_blocks, dtype=np.int64)
+        self._restat(np.arange(self.num_blocks))
+
+    # --- what the planner reads (both mirrors count, hence the halves)
+
+    def over_kernels(self) -> int:
+        return int(self.over_count.sum()) // 2
+
+    def mass(self) -> float:
+        """Sum over one iteration of excess * tau: no period can relieve more."""
+        return float((self.stored_mass - self.pending * self.over_us).sum()) / 2
+
+    def max_excess(self) -> float:
+        return float((self.stored_top - self.pending).max(initial=0.0))
+
+    def values(self) -> np.ndarray:
+        """The true excess of every slot (for tests and checks)."""
+        over = self.excess > 0
+        return np.where(over, self.excess - self.pending[:, None], 0.0).ravel()[:self.size]
+
+    # --- a pick
+
+    def lower_mirrored(self, lo: int, hi: int, nbytes: float) -> None:
+        """excess -= nbytes (not below 0) over kernels [lo, hi) and their mirrors."""
+        for start, stop in _mirror_spans(lo, hi, self.size // 2):
+            self._lower(start, stop, nbytes)
+
+    def _lower(self, lo: int, hi: int, nbytes: float) -> None:
+        block = self.BLOCK_KERNELS
+        touched = np.arange(lo // block, (hi - 1) // block + 1)
+        touched = touched[self.over_count[touched] > 0]  # nothing over budget: nothing to lower
+        whole = self._covers(touched, lo, hi)
+        stays_over = whole & (self.stored_floor[touched] - self.pending[touched] > nbytes)
+        self.pending[touched[stays_over]] += nbytes
+        redo = touched[~stays_over]
+        if len(redo):
+            position = redo[:, None] * block + np.arange(block)
+            cut = self.pending[redo][:, None] + nbytes * ((position >= lo) & (position < hi))
+            self.excess[redo] = np.maximum(self.excess[redo] - cut, 0.0)  # 0 stays 0
+            self.pending[redo] = 0.0
+            self._restat(redo)
+
+    def _restat(self, blocks: np.ndarray) -> None:
+        excess, tau = self.excess[blocks], self.tau[blocks]
+        over = excess > 0
+        self.over_us[blocks] = (tau * over).sum(axis=1)
+        self.stored_mass[blocks] = (excess * tau).sum(axis=1)
+        self.stored_top[blocks] = excess.max(axis=1)
+        self.stored_floor[blocks] = np.where(over, excess, np.inf).min(axis=1)
+        self.over_count[blocks] = over.sum(axis=1)
+        position = blocks[:, None] * self.BLOCK_KERNELS + np.arange(self.BLOCK_KERNELS)
+        self.over_first[blocks] = np.where(over, position, self.size).min(axis=1)
+        self.over_last[blocks] = np.where(over, position, -1).max(axis=1)
+        self.over_blocks = np.flatnonzero(self.over_count)
+
+    def _covers(self, blocks: np.ndarray, lo, hi) -> np.ndarray:
+        """Whether [lo, hi) holds every slot over budget of each block."""
+        return (self.over_first[blocks] >= lo) & (self.over_last[blocks] < hi)
+
+    # --- evaluations
+
+    def relief(self, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Per row, the sum over kernels [lo, hi) of min(nbytes, excess) * tau (byte*us)."""
+        row, blk = self._over_blocks_of(lo, hi)
+        s, pending = nbytes[row], self.pending[blk]
+        whole = self._covers(blk, lo[row], hi[row])
+        below = whole & (s <= self.stored_floor[blk] - pending)  # s from every kernel over budget
+        above = whole & ~below & (s >= self.stored_top[blk] - pending)  # all of the excess
+        part = np.zeros(len(row))
+        part[below] = s[below] * self.over_us[blk[below]]
+        part[above] = self.stored_mass[blk[above]] - pending[above] * self.over_us[blk[above]]
+        mixed = np.flatnonzero(~below & ~above)
+        part[mixed] = self._relief_by_kernel(blk[mixed], lo[row[mixed]], hi[row[mixed]], s[mixed])
+        return np.bincount(row, weights=part, minlength=len(lo))
+
+    def _over_blocks_of(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, block) for every block with kernels over budget that meets a row's [lo, hi)."""
+        block = self.BLOCK_KERNELS
+        first = np.searchsorted(self.over_blocks, lo // block, "left")
+        stop = np.searchsorted(self.over_blocks, (hi - 1) // block, "right")
+        count = np.maximum(stop - first, 0)
+        row = np.repeat(np.arange(len(lo)), count)
+        offset = np.arange(len(row)) - np.repeat(np.cumsum(count) - count, count)
+        return row, self.over_blocks[np.repeat(first, count) + offset]
+
+    def _relief_by_kernel(self, blk: np.ndarray, lo: np.ndarray, hi: np.ndarray, s: np.ndarray) -> np.ndarray:
+        position = blk[:, None] * self.BLOCK_KERNELS + np.arange(self.BLOCK_KERNELS)
+        inside = (position >= lo[:, None]) & (position < hi[:, None])
+        excess = np.maximum(self.excess[blk] - self.pending[blk][:, None], 0.0)
+        return (np.minimum(excess, s[:, None]) * self.tau[blk] * inside).sum(axis=1)
+
+
+def _blocks(values: np.ndarray, num_blocks: int, block: int) -> np.ndarray:
+    """values as rows of `block`, the last one padded with zeros."""
+    rows = np.zeros(num_blocks * block)
+    rows[:len(values)] = values
+    return rows.reshape(num_blocks, block)
+
+
+def with_mirrors(slots: np.ndarray, num_k: int) -> np.ndarray:
+    """slots and their mirrored slots."""
+    return np.concatenate((slots, np.where(slots < num_k, slots + num_k, slots - num_k)))

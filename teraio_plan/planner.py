@@ -74,14 +74,10 @@ class _Planner:
         self.prefix_us = unrolled_prefix_us(trace.duration_us)
         self.periods = find_periods(trace, self.prefix_us)
         self.m0 = memory_curve(trace, inputs.headroom_bytes)
-        # float64 holds byte counts exactly up to 2**53 (8 PiB) and keeps the dot products on BLAS.
-        self.m2 = np.tile(self.m0, 2).astype(np.float64)
-        self.excess2 = np.maximum(self.m2 - self.budget, 0.0)
-        self.over = _OverSet(self.excess2)
-        self.over_kernels = int(np.count_nonzero(self.excess2[:self.num_k]))
-        # Excess mass: sum over kernels of tau * excess (byte*us). No period can relieve more,
-        # so mass / nbytes bounds any period's benefit per byte at O(1) (see run()).
-        self.excess_mass = float(self.excess2[:self.num_k] @ self.tau2[:self.num_k])
+        # float64 holds byte counts exactly up to 2**53 (8 PiB). Only the excess over the budget
+        # is kept during planning (Note [Blocked excess]); M itself is rebuilt from the picks.
+        self.excess = ledger.Excess(np.tile(np.maximum(self.m0 - self.budget, 0), 2).astype(np.float64), self.tau2)
+        self._recount()
         self.host_occ2 = np.zeros(2 * self.num_k, dtype=np.int64)
         self.capacity = {OUT_PATH[t]: self.tau2 * self.rates.peak(t, True) for t in TIERS}
         self.capacity |= {IN_PATH[t]: self.tau2 * self.rates.peak(t, False) for t in TIERS}
@@ -96,6 +92,13 @@ class _Planner:
         # Running sums of the residual ledgers: a walk is a binary search in one of them.
         self.residual_sums = {p: ledger.RunningSum(r) for p, r in self.ledgers.items()}
 
+    def _recount(self) -> None:
+        """What run() reads after every pick: kernels still over budget, and the excess mass
+        (sum of tau * excess, byte*us): no period can relieve more, so mass / nbytes bounds any
+        period's benefit per byte at O(1) (see _refresh())."""
+        self.over_kernels = self.excess.over_kernels()
+        self.excess_mass = max(0.0, self.excess.mass())
+
     def _tier_on(self, tier: str) -> bool:
         return self.rates.peak(tier, True) > 0 and self.rates.peak(tier, False) > 0
 
@@ -103,7 +106,7 @@ class _Planner:
 
     def initial_keys(self) -> tuple[np.ndarray, np.ndarray]:
         """(period indices, upper bound of benefit per byte) for every period some tier can carry."""
-        over = np.concatenate(([0.0], np.cumsum(self.tau2 * (self.m2 > self.budget))))
+        over = np.concatenate(([0.0], np.cumsum(self.tau2 * np.tile(self.m0 > self.budget, 2))))
         best = np.zeros(len(self.periods))
         for tier in self.tiers:
             best = np.maximum(best, self._tier_bound(tier, over))
@@ -142,25 +145,32 @@ class _Planner:
         lo = np.concatenate([walks[t][1][ok] + 1 for t, ok in zip(self.tiers, oks)])
         hi = np.concatenate([walks[t][2][ok] for t, ok in zip(self.tiers, oks)])
         nbytes = np.concatenate([self.periods.nbytes[ids][ok] for ok in oks]).astype(np.float64)
-        values = self._benefits(lo, hi, nbytes)
-        found, start = {}, 0
+        # Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
+        # away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size,
+        # which favours big tensors over long stretches where little is over budget.
+        values = self.excess.relief(lo, hi, nbytes) / nbytes
+        value, start = {}, 0
         for tier, ok in zip(self.tiers, oks):
-            value = np.full(len(ids), -1.0)
-            value[ok] = values[start:start + int(ok.sum())]
+            value[tier] = np.full(len(ids), -1.0)  # -1: this tier cannot carry the period
+            value[tier][ok] = values[start:start + int(ok.sum())]
             start += int(ok.sum())
-            found[tier] = (value, walks[tier][1], walks[tier][2])
-        return [self._choose(found, row) for row in range(len(ids))]
+        return self._choose(len(ids), value, {t: walks[t][1:] for t in self.tiers})
 
-    def _choose(self, found: dict, row: int) -> Choice | None:
-        ssd, host = (_pick(found.get(t), row, t) for t in TIERS)
-        if ssd is not None and (host is None or ssd.per_byte_us >= SSD_PREFERENCE * host.per_byte_us):
-            ssd.why = "ssd first" if host is None else "ssd first (host would gain little more)"
-            return ssd
-        if host is not None:
-            host.why = "host: ssd path full in this window" if ssd is None else (
-                f"host: ssd would relieve only {ssd.per_byte_us / host.per_byte_us:.0%} as much")
-            return host
-        return None
+    def _choose(self, rows: int, value: dict, walks: dict) -> list[Choice | None]:
+        """Per row, SSD first unless the host would relieve clearly more (SSD_PREFERENCE)."""
+        none = np.full(rows, -1.0)
+        ssd, host = value.get("ssd", none), value.get("host", none)
+        take_ssd = (ssd > 0) & ((host <= 0) | (ssd >= SSD_PREFERENCE * host))
+        take_host = ~take_ssd & (host > 0)
+        choices: list[Choice | None] = [None] * rows
+        for row in np.flatnonzero(take_ssd):
+            why = "ssd first" if host[row] <= 0 else "ssd first (host would gain little more)"
+            choices[row] = _choice("ssd", ssd[row], walks["ssd"], row, why)
+        for row in np.flatnonzero(take_host):
+            why = "host: ssd path full in this window" if ssd[row] <= 0 else (
+                f"host: ssd would relieve only {ssd[row] / host[row]:.0%} as much")
+            choices[row] = _choice("host", host[row], walks["host"], row, why)
+        return choices
 
     def _walk_tier(self, ids: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(viable, offload_by, prefetch_at) per period on this tier's residual ledgers."""
@@ -188,102 +198,25 @@ class _Planner:
             room[row] = self.host_occ2[a + 1:e].max() + s[row] <= cap
         return room
 
-    def _benefits(self, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """Benefit per byte of keeping each tensor away over kernels [lo, hi).
-
-        Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
-        away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size, which
-        favours big tensors over long stretches where little is over budget.
-        Where a tensor is at least as big as every excess in reach, min(excess, s) is the excess;
-        where it is no bigger than any, it is s: both share one prefix sum for all sizes. Only
-        the sizes in between need their own.
-        """
-        out = np.zeros(len(lo))
-        if not len(lo):
-            return out
-        pos = self.over.between(int(lo.min()), int(hi.max()), always=True)
-        excess, tau = self.excess2[pos], self.tau2[pos]
-        deepest, shallowest = excess.max(initial=0.0), excess[excess > 0].min(initial=np.inf)
-        i0, i1 = np.searchsorted(pos, lo), np.searchsorted(pos, hi)
-        big, small = nbytes >= deepest, nbytes <= shallowest
-        if big.any():
-            prefix = np.concatenate(([0.0], np.cumsum(excess * tau)))
-            out[big] = (prefix[i1[big]] - prefix[i0[big]]) / nbytes[big]
-        if small.any():
-            prefix = np.concatenate(([0.0], np.cumsum(tau * (excess > 0))))
-            out[small] = prefix[i1[small]] - prefix[i0[small]]
-        mid = np.flatnonzero(~big & ~small)
-        for size in np.unique(nbytes[mid]):
-            rows = mid[nbytes[mid] == size]
-            if len(rows) > 1 and len(pos) < int((hi[rows] - lo[rows]).sum()):
-                prefix = np.concatenate(([0.0], np.cumsum(np.minimum(excess, size) * tau)))
-                out[rows] = (prefix[i1[rows]] - prefix[i0[rows]]) / size
-                continue
-            for r in rows:
-                out[r] = self._benefit_per_byte(int(lo[r]), int(hi[r]), float(size))
-        return out
-
-    def _benefit_per_byte(self, lo: int, hi: int, nbytes: float) -> float:
-        idx = self.over.between(lo, hi)
-        if idx is None:
-            return _dot(np.minimum(self.excess2[lo:hi], nbytes), self.tau2[lo:hi]) / nbytes
-        return _dot(np.minimum(self.excess2[idx], nbytes), self.tau2[idx]) / nbytes
-
     # --- taking a period
 
     def accept(self, i: int, choice: Choice) -> PlanEntry:
         p, s = self.periods, int(self.periods.nbytes[i])
         a, e, tier = int(p.start[i]), int(p.end[i]), choice.tier
-        led, link = self.ledgers, self.link_bytes
+        link = self.link_bytes
         for path, direction, lo, hi, forward in ((OUT_PATH[tier], "out", a + 1, choice.offload_by + 1, True),
                                                  (IN_PATH[tier], "in", choice.prefetch_at, e, False)):
-            taken = ledger.reserve(led[path], lo, hi, s, forward)
-            ledger.mirror_add(link[direction], lo, hi, taken)
-            self.residual_sums[path].refresh_mirrored(lo, hi)
+            slots, taken = ledger.reserve(self.residual_sums[path], lo, hi, s, forward)
+            ledger.mirror_add_at(link[direction], slots, taken)
         lo, hi = choice.offload_by + 1, choice.prefetch_at
         self.away.append((lo, hi, s))
-        self._lower_memory(lo, hi, s)
+        self.excess.lower_mirrored(lo, hi, s)
+        self._recount()
         if tier == "host":
             # The pool holds the bytes from the start of the copy-out to the end of the copy-in.
             ledger.mirror_add(self.host_occ2, a + 1, e, s)
             self.host_peak = max(self.host_peak, int(self.host_occ2[a + 1:e].max()))
         return self._entry(i, choice)
-
-    def _lower_memory(self, lo: int, hi: int, nbytes: int) -> None:
-        """M -= nbytes over kernels [lo, hi), and the excess with it (the range covers distinct slots).
-
-        Only kernels still over budget are touched: elsewhere the excess is 0 and stays 0, and M
-        itself is rebuilt exactly from the picks at the end (claimed_memory). Late in planning the
-        over-budget kernels are a sliver of each window, so this is what keeps picks cheap.
-        """
-        idx = self.over.between(lo, hi)
-        if idx is None:  # most of the range is over budget: slices beat gathers
-            memory = self.m2[lo:hi] - nbytes
-            old, new = self._new_excess(self.excess2[lo:hi], memory)
-            ledger.mirror_set(self.m2, lo, hi, memory)
-            ledger.mirror_set(self.excess2, lo, hi, new)
-            tau = self.tau2[lo:hi]
-        else:
-            mirror = np.where(idx < self.num_k, idx + self.num_k, idx - self.num_k)
-            memory = self.m2[idx] - nbytes
-            old, new = self._new_excess(self.excess2[idx], memory)
-            for where in (idx, mirror):
-                self.m2[where] = memory
-                self.excess2[where] = new
-            tau = self.tau2[idx]
-        self.excess_mass = max(0.0, self.excess_mass - _dot(old - new, tau))
-        cleared = int(np.count_nonzero(old)) - int(np.count_nonzero(new))
-        self.over_kernels -= cleared
-        self.over.cleared(cleared)
-
-    def _new_excess(self, old: np.ndarray, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(a copy of the old excess, the new one). min() with the old keeps kernels whose M is
-        not kept exact (never over budget since the last rebuild) at their excess of 0."""
-        old = old.copy()
-        new = memory - self.budget
-        np.maximum(new, 0.0, out=new)
-        np.minimum(new, old, out=new)
-        return old, new
 
     def claimed_memory(self) -> np.ndarray:
         """M[k] after the picks so far, exact: the curve without a plan minus what is away."""
@@ -313,7 +246,7 @@ class _Planner:
     def peak(self) -> int:
         """The highest M now (from the excess: M is only kept exact where it is over budget)."""
         if self.over_kernels > 0:
-            return self.budget + int(round(self.excess2[:self.num_k].max()))
+            return self.budget + int(round(self.excess.max_excess()))
         return int(self.claimed_memory().max()) if self.num_k else 0
 
     def run(self, progress: Callable[[float], None] | None) -> list[PlanEntry]:
@@ -393,51 +326,9 @@ class _Planner:
         )
 
 
-def _pick(found, row: int, tier: str) -> Choice | None:
-    if found is None or found[0][row] <= 0:
-        return None
-    value, t_off, t_pre = found
-    return Choice(tier, float(value[row]), int(t_off[row]), int(t_pre[row]), "")
-
-
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    """x @ y without BLAS threads for long vectors.
-
-    OpenBLAS splits a long dot product over threads; on a busy 2-core box the hand-off costs
-    up to 100x the arithmetic (measured: 360 us for 20k elements against 60 us single-threaded).
-    """
-    if len(x) <= 8192:
-        return float(x @ y)
-    return float(np.einsum("i,i->", x, y))
-
-
-class _OverSet:
-    """Sorted positions (both mirrors) of the kernels still over budget, possibly stale.
-
-    Only over-budget kernels carry benefit, and near the end of planning they are a small
-    part of any window: summing over them instead of the whole window keeps the late, many
-    re-evaluations cheap. Kernels only ever leave the set (memory only drops), so a stale
-    list is a superset and still exact (cleared kernels add zero); rebuild once a tenth is stale.
-    """
-
-    STALE_SHARE = 0.1
-    GATHER_SHARE = 0.3  # gathering costs about 3x a contiguous slice per element
-
-    def __init__(self, excess2: np.ndarray):
-        self.excess2 = excess2
-        self.stale = 0
-        self.pos = np.flatnonzero(excess2 > 0)
-
-    def cleared(self, count: int) -> None:
-        self.stale += 2 * count  # both mirrors
-        if self.stale > self.STALE_SHARE * len(self.pos):
-            self.pos = self.pos[self.excess2[self.pos] > 0]
-            self.stale = 0
-
-    def between(self, lo: int, hi: int, always: bool = False) -> np.ndarray | None:
-        """Over-budget positions in [lo, hi), or None when the plain slice is cheaper."""
-        i, j = np.searchsorted(self.pos, (lo, hi))
-        return self.pos[i:j] if always or (j - i) < self.GATHER_SHARE * (hi - lo) else None
+def _choice(tier: str, per_byte_us: float, walk: tuple[np.ndarray, np.ndarray], row: int, why: str) -> Choice:
+    t_off, t_pre = walk
+    return Choice(tier, float(per_byte_us), int(t_off[row]), int(t_pre[row]), why)
 
 
 def _first_done(cap_prefix: np.ndarray, lo: np.ndarray, nbytes: np.ndarray) -> np.ndarray:

@@ -197,3 +197,29 @@ def test_running_sum_matches_a_flat_cumulative_sum(size):
     targets = rng.random(300) * flat[-1] * 1.2 - 0.1
     for side in ("left", "right"):
         assert (sums.searchsorted(targets, side) == np.searchsorted(flat, targets, side)).all()
+
+
+@pytest.mark.parametrize("num_k", [5, 300, 1000])
+def test_blocked_excess_matches_kernel_by_kernel(num_k):
+    from teraio_plan.ledger import Excess
+    rng = np.random.default_rng(num_k)
+    want = np.tile(np.maximum(rng.integers(-50, 100, num_k), 0).astype(float), 2)  # mirrored
+    tau = np.tile(rng.random(num_k), 2)
+    excess = Excess(want.copy(), tau)
+    for _ in range(30):
+        lo = int(rng.integers(0, num_k))
+        hi = min(lo + int(rng.integers(1, num_k + 1)), 2 * num_k)
+        nbytes = float(rng.integers(1, 30))
+        excess.lower_mirrored(lo, hi, nbytes)
+        for k in range(lo, hi):
+            for slot in (k, (k + num_k) % (2 * num_k)):
+                want[slot] = max(want[slot] - nbytes, 0.0)
+        assert (excess.values() == want).all()
+        assert excess.over_kernels() == np.count_nonzero(want[:num_k])
+        assert excess.max_excess() == want.max()
+        assert excess.mass() == pytest.approx(want[:num_k] @ tau[:num_k], rel=1e-12)
+        los = rng.integers(0, 2 * num_k, 40)
+        his = np.minimum(los + rng.integers(1, num_k + 1, 40), 2 * num_k)
+        sizes = rng.integers(1, 60, 40).astype(float)
+        brute = [np.minimum(want[a:b], s) @ tau[a:b] for a, b, s in zip(los, his, sizes)]
+        assert excess.relief(los, his, sizes) == pytest.approx(brute, rel=1e-12, abs=1e-9)
