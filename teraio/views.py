@@ -19,6 +19,8 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     for tier in sorted(r.offloaded_bytes):
         table.add_row(tier, format_bytes(r.offloaded_bytes[tier]), format_bytes(r.prefetched_bytes.get(tier, 0)))
     out.print(table)
+    if r.achieved_gbps:
+        out.print("  achieved: " + ", ".join(f"{path} {gbps:.3g} GB/s" for path, gbps in r.achieved_gbps.items()))
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "

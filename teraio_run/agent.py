@@ -59,7 +59,7 @@ class RunAgent(WalkListener):
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
         engine = self.engine
-        if engine.copying_out or engine.releasing:
+        if engine.copying_out or engine.releasing or engine.in_flight:
             engine.poll(self.walk.records)
         if engine.moved:
             self._restore_inputs(inputs)

@@ -12,6 +12,7 @@ States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching 
 """
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +56,35 @@ class Stats:
         self.stalls_by_tensor[tensor_id] = self.stalls_by_tensor.get(tensor_id, 0.0) + seconds * 1e3
 
 
+class PathMeter:
+    """Bytes moved and time busy per path (d2h, h2d, d2s, s2d), for the achieved bandwidth.
+    Stream copies on one path run one after another, so their durations add up; thread
+    copies overlap, so their busy time is the union of their intervals (taken in the order
+    they finish, close enough to the order they start)."""
+
+    def __init__(self):
+        self.nbytes = dict.fromkeys(("d2h", "h2d", "d2s", "s2d"), 0)
+        self.busy_s = dict.fromkeys(self.nbytes, 0.0)
+        self._busy_until = dict.fromkeys(self.nbytes, 0.0)
+
+    def add(self, transfer: Transfer) -> None:
+        interval = transfer.interval_s()
+        if interval is None:
+            return  # failed: nothing was moved
+        start, end = interval
+        path = transfer.path
+        self.nbytes[path] += transfer.nbytes
+        if transfer.event is not None:
+            self.busy_s[path] += end - start
+        else:
+            self.busy_s[path] += max(0.0, end - max(start, self._busy_until[path]))
+            self._busy_until[path] = max(self._busy_until[path], end)
+
+    def achieved_gbps(self) -> dict[str, float]:
+        return {path: round(self.nbytes[path] / self.busy_s[path] / 1e9, 3)
+                for path in self.nbytes if self.busy_s[path] > 0}
+
+
 class MigrationEngine:
     def __init__(self, host_tier, ssd_tier, cuda: bool):
         self.tiers = {"host": host_tier, "ssd": ssd_tier}
@@ -64,6 +94,8 @@ class MigrationEngine:
         self.offloaded_now = 0              # device bytes currently released by us
         self.releasing: list[Moved] = []    # back on the device, slot still read by a copy
         self.copying_out: dict[int, Moved] = {}  # OFFLOADING only: what poll() looks at per op
+        self.in_flight: deque[Transfer] = deque()  # every copy, until measured (oldest first)
+        self.meter = PathMeter()
 
     # ----- the correctness path ------------------------------------------------------------
     def ensure_resident(self, record, cause: str) -> None:
@@ -107,7 +139,7 @@ class MigrationEngine:
             return False
         tier, slot = placed
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
-        moved.transfer = tier.copy_out(storage, slot)
+        moved.transfer = self._track(tier.copy_out(storage, slot))
         self.moved[record.key] = moved
         if tier.frees_at_once:
             self._release_device(record, moved)
@@ -142,7 +174,7 @@ class MigrationEngine:
         storage.resize_(moved.nbytes)
         self.offloaded_now -= moved.nbytes
         moved.storage = storage
-        moved.transfer = moved.tier.copy_in(storage, moved.slot, moved.transfer)
+        moved.transfer = self._track(moved.tier.copy_in(storage, moved.slot, moved.transfer))
         moved.state = PREFETCHING
 
     def _finish_prefetch(self, record, moved: Moved) -> None:
@@ -163,6 +195,16 @@ class MigrationEngine:
                 still.append(moved)
         self.releasing = still
 
+    def _track(self, transfer: Transfer) -> Transfer:
+        self.in_flight.append(transfer)
+        return transfer
+
+    def measure(self) -> None:
+        """Account the copies that have finished, oldest first (cheap: stops at the first
+        one still running)."""
+        while self.in_flight and self.in_flight[0].done():
+            self.meter.add(self.in_flight.popleft())
+
     def wait_freeing(self) -> None:
         """Block until blocks released under record_stream can really be reused: the
         allocator takes them back only once their copies are done (out of memory: no choice)."""
@@ -175,6 +217,7 @@ class MigrationEngine:
         """Finish copy-outs that are done: release device memory, or keep the tensor on error."""
         if self.releasing:
             self._reap_released()
+        self.measure()
         for key, moved in list(self.copying_out.items()):
             if not moved.transfer.done():
                 continue

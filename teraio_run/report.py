@@ -28,6 +28,7 @@ def build_report(agent, context) -> RunReport:
         io_backend=context.io_backend,
         offloaded_bytes=stats.offloaded_bytes,
         prefetched_bytes=stats.prefetched_bytes,
+        achieved_gbps=_achieved_gbps(agent),
         stall_count=stats.stall_count,
         stall_ms=round(sum(stats.stall_ms.values()), 3),
         stall_ms_by_cause={k: round(v, 3) for k, v in sorted(stats.stall_ms.items())},
@@ -48,6 +49,16 @@ def build_report(agent, context) -> RunReport:
         per_iteration=[{**row, "ms": round(row["ms"], 3), "stall_ms": round(row["stall_ms"], 3)}
                        for row in agent.per_iteration],
     )
+
+
+def _achieved_gbps(agent) -> dict:
+    if agent.cuda:
+        torch.cuda.synchronize()  # the last stream copies' events must be complete to be read
+    for transfer in agent.engine.in_flight:
+        if transfer.future is not None:
+            _ = transfer.future.exception()  # wait for the thread copies
+    agent.engine.measure()
+    return agent.engine.meter.achieved_gbps()
 
 
 def _top(by_tensor: dict, count: int) -> dict:

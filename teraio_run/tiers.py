@@ -20,6 +20,7 @@ import ctypes
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,12 +37,15 @@ def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 class Transfer:
-    """A copy in flight: a future (threads, KvikIO) or a CUDA event (stream copies)."""
+    """A copy in flight on one path (d2h, h2d, d2s, s2d): a future from a thread (its result
+    is the copy's (start, end) on the monotonic clock) or a pair of CUDA events around a
+    stream copy."""
 
-    __slots__ = ("future", "event")
+    __slots__ = ("future", "event", "start", "path", "nbytes")
 
-    def __init__(self, future: Future | None = None, event=None):
-        self.future, self.event = future, event
+    def __init__(self, path: str, nbytes: int, future: Future | None = None, event=None, start=None):
+        self.path, self.nbytes = path, nbytes
+        self.future, self.event, self.start = future, event, start
 
     def done(self) -> bool:
         if self.future is not None and not self.future.done():
@@ -57,6 +61,33 @@ class Transfer:
 
     def error(self) -> BaseException | None:
         return self.future.exception() if self.future is not None and self.future.done() else None
+
+    def interval_s(self) -> tuple[float, float] | None:
+        """(start, end) of a finished thread copy, or (0, duration) of a stream copy."""
+        if self.event is not None:
+            return 0.0, self.start.elapsed_time(self.event) / 1e3
+        if self.error() is not None:
+            return None
+        return self.future.result()
+
+
+def timed(fn, *args) -> tuple[float, float]:
+    """Run a copy in an I/O thread and say when it ran (for the achieved bandwidth)."""
+    t0 = time.perf_counter()
+    fn(*args)
+    return t0, time.perf_counter()
+
+
+def _stream_copy(stream, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor):
+    """dst.copy_(src) on `stream` between two timing events; `keep_alive`'s block is not
+    reused by the allocator before the copy has passed (record_stream)."""
+    with torch.cuda.stream(stream):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        keep_alive.record_stream(stream)
+        end.record()
+    return start, end
 
 
 class HostPool:
@@ -105,32 +136,25 @@ class HostTier:
             self.d2h_stream, self.h2d_stream = torch.cuda.Stream(), torch.cuda.Stream()
 
     def copy_out(self, storage, slot) -> Transfer:
-        dst = self.pool.slice(slot, storage.nbytes())
-        src = byte_view(storage)
+        nbytes = storage.nbytes()
+        dst, src = self.pool.slice(slot, nbytes), byte_view(storage)
         if not self.cuda:
-            return Transfer(future=self.threads.submit(dst.copy_, src))
+            return Transfer("d2h", nbytes, future=self.threads.submit(timed, dst.copy_, src))
         self.d2h_stream.wait_stream(torch.cuda.current_stream())  # read finished data
-        with torch.cuda.stream(self.d2h_stream):
-            dst.copy_(src, non_blocking=True)
-            src.record_stream(self.d2h_stream)  # block not reused before the copy passes
-            event = torch.cuda.Event()
-            event.record()
-        return Transfer(event=event)
+        start, end = _stream_copy(self.d2h_stream, dst, src, keep_alive=src)
+        return Transfer("d2h", nbytes, event=end, start=start)
 
     def copy_in(self, storage, slot, after_out: Transfer | None) -> Transfer:
-        dst = byte_view(storage)
-        src = self.pool.slice(slot, storage.nbytes())
+        nbytes = storage.nbytes()
+        dst, src = byte_view(storage), self.pool.slice(slot, nbytes)
         if not self.cuda:
-            return Transfer(future=self.threads.submit(dst.copy_, src))
+            return Transfer("h2d", nbytes, future=self.threads.submit(timed, dst.copy_, src))
         self.h2d_stream.wait_stream(torch.cuda.current_stream())  # the new block is free to write
         if after_out is not None and after_out.event is not None:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
-        with torch.cuda.stream(self.h2d_stream):
-            dst.copy_(src, non_blocking=True)
-            dst.record_stream(self.h2d_stream)  # freed before use: not reused under the copy
-            event = torch.cuda.Event()
-            event.record()
-        return Transfer(event=event)
+        # keep_alive=dst: if the tensor is freed before its use, the block is not reused under the copy
+        start, end = _stream_copy(self.h2d_stream, dst, src, keep_alive=dst)
+        return Transfer("h2d", nbytes, event=end, start=start)
 
     @property
     def frees_at_once(self) -> bool:
@@ -221,12 +245,14 @@ class SsdTier:
     def copy_out(self, storage, slot) -> Transfer:
         data = byte_view(storage)
         ready = self._compute_event()
-        return Transfer(future=self.threads.submit(self._io, self.files.write, slot, data, ready))
+        future = self.threads.submit(self._io, self.files.write, slot, data, ready)
+        return Transfer("d2s", data.numel(), future=future)
 
     def copy_in(self, storage, slot, after_out=None) -> Transfer:
         data = byte_view(storage)
         ready = self._compute_event()
-        return Transfer(future=self.threads.submit(self._io, self.files.read, slot, data, ready))
+        future = self.threads.submit(self._io, self.files.read, slot, data, ready)
+        return Transfer("s2d", data.numel(), future=future)
 
     def _compute_event(self):
         if not self.cuda:
@@ -235,11 +261,13 @@ class SsdTier:
         event.record()
         return event
 
-    def _io(self, op, slot, data, ready) -> None:
+    def _io(self, op, slot, data, ready) -> tuple[float, float]:
         if ready is not None:
             ready.synchronize()  # the compute stream has finished with (or allocated) this memory
+        t0 = time.perf_counter()
         for path, lo, hi in self._chunks(slot, data.numel()):
             op(path, data[lo:hi])
+        return t0, time.perf_counter()
 
     def discard(self, slot: int, nbytes: int) -> None:
         for path, _, _ in self._chunks(slot, nbytes):

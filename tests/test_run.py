@@ -76,6 +76,7 @@ def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path)
     assert report.iterations == 7 and report.iterations_on_plan >= 3
     assert report.offloaded_bytes["host"] > 0 and report.offloaded_bytes["ssd"] > 0
     assert report.prefetched_bytes["ssd"] > 0 and report.io_backend == "posix"
+    assert all(report.achieved_gbps.get(path, 0) > 0 for path in ("d2h", "h2d", "d2s", "s2d"))
     assert report.guard_trips <= 1  # the checkpoint at step 4 adds ops to one iteration
 
 

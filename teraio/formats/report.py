@@ -3,6 +3,8 @@
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from teraio.formats.common import (
     REPORT_FORMAT, Producer, Strict, atomic_write_bytes, check_version, read_raw, validate,
 )
@@ -45,6 +47,8 @@ class RunReport(Strict):
     io_backend: Literal["gds", "compat", "posix", "none"]
     offloaded_bytes: dict[str, int]
     prefetched_bytes: dict[str, int]
+    achieved_gbps: dict[str, float] = Field(
+        default_factory=dict, description="bytes moved / time busy, per path (d2h, h2d, d2s, s2d), GB/s")
     stall_count: int
     stall_ms: float
     stall_ms_by_cause: dict[str, float]
