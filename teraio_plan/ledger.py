@@ -26,27 +26,25 @@ def mirror_add(arr: np.ndarray, lo: int, hi: int, values) -> None:
         arr[:hi - num_k] += tail
 
 
-def reserve(residual_sum: "RunningSum", lo: int, hi: int, nbytes: float, forward: bool) -> tuple[np.ndarray, np.ndarray]:
+def reserve(residual_sum: "RunningSum", lo: int, hi: int, nbytes: float, forward: bool,
+            offset: int, mirrored_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Take nbytes from the residual of kernels [lo, hi), filling from the front (or back).
 
-    Returns (slots, bytes taken there), only where something was taken: on saturated ledgers
-    a walk crosses long stretches that earlier picks already emptied, and nothing there changes
-    (the running sum's empty blocks are skipped without reading them).
+    The ledger is the mirrored array of `mirrored_size` slots from `offset` in the running sum.
+    Returns (slots, bytes taken there), both mirrors, only where something was taken: on
+    saturated ledgers a walk crosses long stretches that earlier picks already emptied, and
+    nothing there changes (the running sum's empty blocks are skipped without reading them).
     """
-    residual = residual_sum.values
-    slots = residual_sum.nonzero_slots(lo, hi)
+    residual = residual_sum.values[offset:offset + mirrored_size]
+    slots = residual_sum.nonzero_slots(offset + lo, offset + hi) - offset
     take = residual[slots]
     order = take if forward else take[::-1]
     before_last = float(order[:-1].sum())
     order[-1] = min(float(order[-1]), max(0.0, nbytes - before_last))
-    mirror_add_at(residual, slots, -take)  # take <= residual, so it never goes negative
-    residual_sum.refresh_slots(slots)
+    slots, take = with_mirrors(slots, mirrored_size // 2), np.concatenate((take, take))
+    residual[slots] -= take  # take <= residual, so it never goes negative; slots are distinct
+    residual_sum.refresh_slots(offset + slots)
     return slots, take
-
-
-def mirror_add_at(arr: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
-    """arr[slots] += values, and the same on the mirrored slots (slots distinct, within N of each other)."""
-    arr[with_mirrors(slots, len(arr) // 2)] += np.concatenate((values, values))
 
 
 def walk_many(residual_sum: "RunningSum", lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray,
@@ -81,10 +79,18 @@ class RunningSum:
 
     BLOCK_KERNELS = 64  # a search reads one block; a change redoes num_blocks start sums
 
+    @classmethod
+    def padded_size(cls, size: int) -> int:
+        """size rounded up to whole blocks (arrays placed back to back start on a block)."""
+        return -(-size // cls.BLOCK_KERNELS) * cls.BLOCK_KERNELS
+
     def __init__(self, values: np.ndarray):
-        self.values = values  # the caller's array, not a copy: refresh() after changing it
         self.size = len(values)
         self.num_blocks = max(1, -(-self.size // self.BLOCK_KERNELS))
+        # A copy padded with zeros to whole blocks, so blocks are rows of one array. `values` is
+        # the unpadded view: the caller changes it in place, then calls refresh*().
+        self.rows = _blocks(values, self.num_blocks, self.BLOCK_KERNELS)
+        self.values = self.rows.ravel()[:self.size]
         # within[b, j]: the sum of block b's values before its j-th. One extra row of zeros so
         # that prefix[len] (len a multiple of the block) reads starts[num_blocks] + 0.
         self.within = np.zeros((self.num_blocks + 1, self.BLOCK_KERNELS))
@@ -102,17 +108,15 @@ class RunningSum:
         block = self.BLOCK_KERNELS
         first = lo // block
         blocks = first + np.flatnonzero(self.block_totals[first:(hi - 1) // block + 1])
-        slots = (blocks[:, None] * block + np.arange(block)).ravel()
-        slots = slots[(slots >= lo) & (slots < hi)]
-        return slots[self.values[slots] != 0]
+        slots = (blocks[:, None] * block + np.arange(block))[self.rows[blocks] != 0]
+        return slots[(slots >= lo) & (slots < hi)]
 
     def refresh_slots(self, slots: np.ndarray) -> None:
-        """Redo the sums after values changed at `slots` and their mirrors (module docstring)."""
-        block = self.BLOCK_KERNELS
-        blocks = np.unique(with_mirrors(slots, self.size // 2) // block)
-        position = blocks[:, None] * block + np.arange(block)
-        rows = np.where(position < self.size, self.values[np.minimum(position, self.size - 1)], 0.0)
-        sums = np.cumsum(rows, axis=1)
+        """Redo the sums after values changed at `slots` (and only there)."""
+        touched = np.zeros(self.num_blocks, dtype=bool)  # cheaper than np.unique for a few slots
+        touched[slots // self.BLOCK_KERNELS] = True
+        blocks = np.flatnonzero(touched)
+        sums = np.cumsum(self.rows[blocks], axis=1)
         self.within[blocks, 1:] = sums[:, :-1]
         self.block_totals[blocks] = sums[:, -1]
         self.starts[1:] = np.cumsum(self.block_totals)
@@ -122,12 +126,7 @@ class RunningSum:
             return
         block = self.BLOCK_KERNELS
         first, last = lo // block, (hi - 1) // block + 1
-        if last * block <= self.size:
-            rows = self.values[first * block:last * block]
-        else:  # the last block is short: pad it with zeros
-            rows = np.zeros((last - first) * block)
-            rows[:self.size - first * block] = self.values[first * block:]
-        sums = np.cumsum(rows.reshape(last - first, block), axis=1)
+        sums = np.cumsum(self.rows[first:last], axis=1)
         self.within[first:last, 1:] = sums[:, :-1]
         self.block_totals[first:last] = sums[:, -1]
 
@@ -205,7 +204,7 @@ class Excess:
         return int(self.over_count.sum()) // 2
 
     def mass(self) -> float:
-        """Sum over one iteration of excess * tau: no period can relieve more."""
+        """Sum over one iteration of excess * tau (byte*us): no period can relieve more."""
         return float((self.stored_mass - self.pending * self.over_us).sum()) / 2
 
     def max_excess(self) -> float:
@@ -260,14 +259,12 @@ class Excess:
     def relief(self, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Per row, the sum over kernels [lo, hi) of min(nbytes, excess) * tau (byte*us)."""
         row, blk = self._over_blocks_of(lo, hi)
-        s, pending = nbytes[row], self.pending[blk]
+        s, pending, over_us = nbytes[row], self.pending[blk], self.over_us[blk]
         whole = self._covers(blk, lo[row], hi[row])
-        below = whole & (s <= self.stored_floor[blk] - pending)  # s from every kernel over budget
-        above = whole & ~below & (s >= self.stored_top[blk] - pending)  # all of the excess
-        part = np.zeros(len(row))
-        part[below] = s[below] * self.over_us[blk[below]]
-        part[above] = self.stored_mass[blk[above]] - pending[above] * self.over_us[blk[above]]
-        mixed = np.flatnonzero(~below & ~above)
+        below = s <= self.stored_floor[blk] - pending  # s from every kernel over budget
+        above = s >= self.stored_top[blk] - pending    # all of the excess
+        part = np.where(below, s * over_us, self.stored_mass[blk] - pending * over_us)
+        mixed = np.flatnonzero(~(whole & (below | above)))
         part[mixed] = self._relief_by_kernel(blk[mixed], lo[row[mixed]], hi[row[mixed]], s[mixed])
         return np.bincount(row, weights=part, minlength=len(lo))
 
@@ -297,4 +294,11 @@ def _blocks(values: np.ndarray, num_blocks: int, block: int) -> np.ndarray:
 
 def with_mirrors(slots: np.ndarray, num_k: int) -> np.ndarray:
     """slots and their mirrored slots."""
-    return np.concatenate((slots, np.where(slots < num_k, slots + num_k, slots - num_k)))
+    return np.concatenate((slots, (slots + num_k) % (2 * num_k)))
+
+
+def padded(values: np.ndarray, size: int) -> np.ndarray:
+    """values followed by zeros up to size."""
+    out = np.zeros(size)
+    out[:len(values)] = values
+    return out

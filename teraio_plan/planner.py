@@ -20,6 +20,8 @@ from teraio.formats.plan import PlanEntry, PlannerInputs
 from teraio.formats.trace import Kind, Trace
 from teraio_plan import ledger
 from teraio_plan.bandwidth import IN_PATH, OUT_PATH, TIERS, Rates, rates
+
+DIRECTIONS = (("out", OUT_PATH), ("in", IN_PATH))
 from teraio_plan.memory import memory_curve
 from teraio_plan.periods import Periods, find_periods, unrolled_prefix_us
 
@@ -73,6 +75,9 @@ class _Planner:
         self.tau2 = np.tile(trace.duration_us.astype(np.float64), 2)
         self.prefix_us = unrolled_prefix_us(trace.duration_us)
         self.periods = find_periods(trace, self.prefix_us)
+        # A Python copy for the cheap bounds in _refresh() (read one item at a time).
+        self.period_bytes_f = self.periods.nbytes.astype(np.float64)
+        self.period_bytes = self.period_bytes_f.tolist()
         self.m0 = memory_curve(trace, inputs.headroom_bytes)
         # float64 holds byte counts exactly up to 2**53 (8 PiB). Only the excess over the budget
         # is kept during planning (Note [Blocked excess]); M itself is rebuilt from the picks.
@@ -81,7 +86,15 @@ class _Planner:
         self.host_occ2 = np.zeros(2 * self.num_k, dtype=np.int64)
         self.capacity = {OUT_PATH[t]: self.tau2 * self.rates.peak(t, True) for t in TIERS}
         self.capacity |= {IN_PATH[t]: self.tau2 * self.rates.peak(t, False) for t in TIERS}
-        self.ledgers = {p: c.copy() for p, c in self.capacity.items()}
+        # Residual bytes per path, inside running sums: a walk is a binary search in one of them.
+        # Both tiers of one direction share one running sum, back to back (each from a block
+        # start), so one search walks the rows of both tiers: numpy's cost per call dominates.
+        segment = ledger.RunningSum.padded_size(2 * self.num_k)
+        self.tier_offset = {t: k * segment for k, t in enumerate(TIERS)}
+        self.residual_sums = {d: ledger.RunningSum(np.concatenate(
+            [ledger.padded(self.capacity[path[t]], segment) for t in TIERS])) for d, path in DIRECTIONS}
+        self.ledgers = {path[t]: self.residual_sums[d].values[off:off + 2 * self.num_k]
+                        for d, path in DIRECTIONS for t, off in self.tier_offset.items()}
         # What both tiers together put on the link each kernel (never above pcie * tau).
         self.link_bytes = {"out": np.zeros_like(self.tau2), "in": np.zeros_like(self.tau2)}
         self.tiers = [t for t in TIERS if self._tier_on(t)]
@@ -89,13 +102,11 @@ class _Planner:
         self.host_peak = 0
         self.away: list[tuple[int, int, int]] = []  # (lo, hi, nbytes): kernels a pick is away over
         self.version = 0
-        # Running sums of the residual ledgers: a walk is a binary search in one of them.
-        self.residual_sums = {p: ledger.RunningSum(r) for p, r in self.ledgers.items()}
 
     def _recount(self) -> None:
         """What run() reads after every pick: kernels still over budget, and the excess mass
-        (sum of tau * excess, byte*us): no period can relieve more, so mass / nbytes bounds any
-        period's benefit per byte at O(1) (see _refresh())."""
+        (sum of tau * excess over one iteration, byte*us): no period can relieve more, so
+        mass / nbytes bounds any period's benefit per byte at O(1) (see _refresh())."""
         self.over_kernels = self.excess.over_kernels()
         self.excess_mass = max(0.0, self.excess.mass())
 
@@ -139,22 +150,19 @@ class _Planner:
         return self.evaluate_many(np.asarray([i]))[0]
 
     def evaluate_many(self, ids: np.ndarray) -> list[Choice | None]:
-        walks = {t: self._walk_tier(ids, t) for t in self.tiers}
-        # One benefit pass for both tiers: their rows share tensor sizes, hence prefix sums.
-        oks = [walks[t][0] for t in self.tiers]
-        lo = np.concatenate([walks[t][1][ok] + 1 for t, ok in zip(self.tiers, oks)])
-        hi = np.concatenate([walks[t][2][ok] for t, ok in zip(self.tiers, oks)])
-        nbytes = np.concatenate([self.periods.nbytes[ids][ok] for ok in oks]).astype(np.float64)
+        ok, t_off, t_pre = self._walk_tiers(ids)  # rows tier by tier
+        # One relief pass for the viable rows of both tiers.
+        lo, hi = t_off[ok] + 1, t_pre[ok]
+        nbytes = np.tile(self.period_bytes_f[ids], len(self.tiers))[ok]
         # Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
         # away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size,
         # which favours big tensors over long stretches where little is over budget.
-        values = self.excess.relief(lo, hi, nbytes) / nbytes
-        value, start = {}, 0
-        for tier, ok in zip(self.tiers, oks):
-            value[tier] = np.full(len(ids), -1.0)  # -1: this tier cannot carry the period
-            value[tier][ok] = values[start:start + int(ok.sum())]
-            start += int(ok.sum())
-        return self._choose(len(ids), value, {t: walks[t][1:] for t in self.tiers})
+        values = np.full(len(ok), -1.0)  # -1: this tier cannot carry the period
+        values[ok] = self.excess.relief(lo, hi, nbytes) / nbytes
+        n = len(ids)
+        rows = {t: slice(k * n, (k + 1) * n) for k, t in enumerate(self.tiers)}
+        return self._choose(n, {t: values[r] for t, r in rows.items()},
+                            {t: (t_off[r], t_pre[r]) for t, r in rows.items()})
 
     def _choose(self, rows: int, value: dict, walks: dict) -> list[Choice | None]:
         """Per row, SSD first unless the host would relieve clearly more (SSD_PREFERENCE)."""
@@ -172,24 +180,26 @@ class _Planner:
             choices[row] = _choice("host", host[row], walks["host"], row, why)
         return choices
 
-    def _walk_tier(self, ids: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(viable, offload_by, prefetch_at) per period on this tier's residual ledgers."""
-        p, sums = self.periods, self.residual_sums
-        a, e, s = p.start[ids], p.end[ids], p.nbytes[ids].astype(np.float64)
-        ok = self.latency_ok[tier][ids] & self._host_room(ids, tier)
-        t_off = np.full(len(ids), -1, dtype=np.int64)
-        t_pre = np.full(len(ids), -1, dtype=np.int64)
-        out, into = OUT_PATH[tier], IN_PATH[tier]
-        t_off[ok] = ledger.walk_many(sums[out], a[ok] + 1, e[ok], s[ok], True)
-        ok &= t_off >= 0
-        t_pre[ok] = ledger.walk_many(sums[into], t_off[ok] + 1, e[ok], s[ok], False)
-        ok &= (t_pre >= 0) & (t_pre - t_off >= 2)
-        return ok, t_off, t_pre
+    def _walk_tiers(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(viable, offload_by, prefetch_at) per period and tier (rows tier by tier), walking
+        each tier's residual ledgers.
 
-    def _host_room(self, ids: np.ndarray, tier: str) -> np.ndarray:
+        Walks every row, viable or not (the walks of the others are just not read): cheaper than
+        selecting rows for each step, since the per-call cost of numpy dominates at these sizes.
+        """
+        p, sums, tiers = self.periods, self.residual_sums, self.tiers
+        offset = np.repeat([self.tier_offset[t] for t in tiers], len(ids))
+        end, nbytes = np.tile(p.end[ids], len(tiers)) + offset, np.tile(self.period_bytes_f[ids], len(tiers))
+        t_off = ledger.walk_many(sums["out"], np.tile(p.start[ids], len(tiers)) + offset + 1, end, nbytes, True)
+        t_pre = ledger.walk_many(sums["in"], t_off + 1, end, nbytes, False)
+        ok = (t_off >= 0) & (t_pre - t_off >= 2)  # then t_pre >= 0 too
+        ok &= np.concatenate([self.latency_ok[t][ids] for t in tiers])
+        if "host" in tiers:
+            ok[tiers.index("host") * len(ids):][:len(ids)] &= self._host_room(ids)
+        return ok, t_off - offset, t_pre - offset
+
+    def _host_room(self, ids: np.ndarray) -> np.ndarray:
         """Whether the pinned pool can hold each tensor over its whole period."""
-        if tier != "host":
-            return np.ones(len(ids), dtype=bool)
         s, cap = self.periods.nbytes[ids], self.inputs.host_mem_bytes
         room = s + self.host_peak <= cap  # the common case: the pool is nowhere near full
         for row in np.flatnonzero(~room & (s <= cap)):
@@ -206,8 +216,9 @@ class _Planner:
         link = self.link_bytes
         for path, direction, lo, hi, forward in ((OUT_PATH[tier], "out", a + 1, choice.offload_by + 1, True),
                                                  (IN_PATH[tier], "in", choice.prefetch_at, e, False)):
-            slots, taken = ledger.reserve(self.residual_sums[path], lo, hi, s, forward)
-            ledger.mirror_add_at(link[direction], slots, taken)
+            slots, taken = ledger.reserve(self.residual_sums[direction], lo, hi, s, forward,
+                                          self.tier_offset[tier], 2 * self.num_k)
+            link[direction][slots] += taken  # slots and taken hold both mirrors
         lo, hi = choice.offload_by + 1, choice.prefetch_at
         self.away.append((lo, hi, s))
         self.excess.lower_mirrored(lo, hi, s)
@@ -259,7 +270,7 @@ class _Planner:
         idx, keys = self.initial_keys()
         self.heap = [(-float(k), int(i), -1) for k, i in zip(keys, idx)]  # (-bound, period, version)
         heapq.heapify(self.heap)
-        self.taken = np.zeros(len(self.periods), dtype=bool)
+        self.taken = [False] * len(self.periods)  # a list: read one item at a time
         self.fresh: dict[int, Choice] = {}
         batch, spent = FIRST_BATCH, 0
         while self.over_kernels > 0 and self._drop_taken():
@@ -297,16 +308,22 @@ class _Planner:
 
     def _refresh(self, size: int) -> bool:
         """Re-evaluate up to `size` stale periods from the top; True if that was not enough."""
-        ids, nbytes = [], self.periods.nbytes
-        while len(ids) < size and self.heap and self.heap[0][2] != self.version:
-            neg, i, _ = heapq.heappop(self.heap)
-            if self.taken[i]:
+        ids, heap, taken, version, nbytes = [], self.heap, self.taken, self.version, self.period_bytes
+        while len(ids) < size and heap and heap[0][2] != version:
+            neg, i, _ = heap[0]
+            if taken[i]:
+                heapq.heappop(heap)
                 continue
-            # A cheap bound first: after a pick most bounds drop below the next without any array work.
-            bound = min(-neg, self.excess_mass / float(nbytes[i]))
-            if self.heap and bound < LAZY_TOLERANCE * -self.heap[0][0]:
-                heapq.heappush(self.heap, (-bound, i, -1))
+            # The best other bound, read without popping: one of the root's two children.
+            threshold = LAZY_TOLERANCE * -min(heap[1:3])[0] if len(heap) > 1 else -np.inf
+            # A cheap bound first: no period relieves more than all the excess mass. (Bounds from
+            # block sums over each window were tried: they saved evaluations but sent many more
+            # bounds back into the heap, pick after pick, and cost more than they saved.)
+            bound = min(-neg, self.excess_mass / nbytes[i])
+            if bound < threshold:
+                heapq.heapreplace(heap, (-bound, i, -1))  # one sift instead of a pop and a push
                 continue
+            heapq.heappop(heap)
             ids.append(i)
         self.evaluations += len(ids)
         for i, choice in zip(ids, self.evaluate_many(np.asarray(ids, dtype=np.int64))):

@@ -184,8 +184,8 @@ def test_teraio_plan_imports_no_torch():
 def test_running_sum_matches_a_flat_cumulative_sum(size):
     from teraio_plan.ledger import RunningSum
     rng = np.random.default_rng(size)
-    values = rng.random(size) * (rng.random(size) > 0.3)  # runs of zeros: flat stretches
-    sums = RunningSum(values)
+    sums = RunningSum(rng.random(size) * (rng.random(size) > 0.3))  # runs of zeros: flat stretches
+    values = sums.values  # changed in place, then refreshed
     for _ in range(5):
         lo = int(rng.integers(0, size))
         hi = int(rng.integers(lo, size)) + 1
