@@ -153,7 +153,7 @@ class _Planner:
         ok, t_off, t_pre = self._walk_tiers(ids)  # rows tier by tier
         # One relief pass for the viable rows of both tiers.
         lo, hi = t_off[ok] + 1, t_pre[ok]
-        nbytes = np.tile(self.period_bytes_f[ids], len(self.tiers))[ok]
+        nbytes = _stacked(self.period_bytes_f[ids], len(self.tiers))[ok]
         # Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
         # away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size,
         # which favours big tensors over long stretches where little is over budget.
@@ -166,18 +166,20 @@ class _Planner:
 
     def _choose(self, rows: int, value: dict, walks: dict) -> list[Choice | None]:
         """Per row, SSD first unless the host would relieve clearly more (SSD_PREFERENCE)."""
-        none = np.full(rows, -1.0)
-        ssd, host = value.get("ssd", none), value.get("host", none)
-        take_ssd = (ssd > 0) & ((host <= 0) | (ssd >= SSD_PREFERENCE * host))
-        take_host = ~take_ssd & (host > 0)
-        choices: list[Choice | None] = [None] * rows
-        for row in np.flatnonzero(take_ssd):
-            why = "ssd first" if host[row] <= 0 else "ssd first (host would gain little more)"
-            choices[row] = _choice("ssd", ssd[row], walks["ssd"], row, why)
-        for row in np.flatnonzero(take_host):
-            why = "host: ssd path full in this window" if ssd[row] <= 0 else (
-                f"host: ssd would relieve only {ssd[row] / host[row]:.0%} as much")
-            choices[row] = _choice("host", host[row], walks["host"], row, why)
+        none = [-1.0] * rows  # a tier that is off carries nothing
+        ssd, host = (value[t].tolist() if t in value else none for t in TIERS)
+        walk = {t: (t_off.tolist(), t_pre.tolist()) for t, (t_off, t_pre) in walks.items()}
+        choices: list[Choice | None] = []
+        for row, (on_ssd, on_host) in enumerate(zip(ssd, host)):
+            if on_ssd > 0 and (on_host <= 0 or on_ssd >= SSD_PREFERENCE * on_host):
+                why = "ssd first" if on_host <= 0 else "ssd first (host would gain little more)"
+                choices.append(_choice("ssd", on_ssd, walk["ssd"], row, why))
+            elif on_host > 0:
+                why = "host: ssd path full in this window" if on_ssd <= 0 else (
+                    f"host: ssd would relieve only {on_ssd / on_host:.0%} as much")
+                choices.append(_choice("host", on_host, walk["host"], row, why))
+            else:
+                choices.append(None)
         return choices
 
     def _walk_tiers(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -189,8 +191,8 @@ class _Planner:
         """
         p, sums, tiers = self.periods, self.residual_sums, self.tiers
         offset = np.repeat([self.tier_offset[t] for t in tiers], len(ids))
-        end, nbytes = np.tile(p.end[ids], len(tiers)) + offset, np.tile(self.period_bytes_f[ids], len(tiers))
-        t_off = ledger.walk_many(sums["out"], np.tile(p.start[ids], len(tiers)) + offset + 1, end, nbytes, True)
+        end, nbytes = _stacked(p.end[ids], len(tiers)) + offset, _stacked(self.period_bytes_f[ids], len(tiers))
+        t_off = ledger.walk_many(sums["out"], _stacked(p.start[ids], len(tiers)) + offset + 1, end, nbytes, True)
         t_pre = ledger.walk_many(sums["in"], t_off + 1, end, nbytes, False)
         ok = (t_off >= 0) & (t_pre - t_off >= 2)  # then t_pre >= 0 too
         ok &= np.concatenate([self.latency_ok[t][ids] for t in tiers])
@@ -343,9 +345,14 @@ class _Planner:
         )
 
 
-def _choice(tier: str, per_byte_us: float, walk: tuple[np.ndarray, np.ndarray], row: int, why: str) -> Choice:
+def _choice(tier: str, per_byte_us: float, walk: tuple[list[int], list[int]], row: int, why: str) -> Choice:
     t_off, t_pre = walk
-    return Choice(tier, float(per_byte_us), int(t_off[row]), int(t_pre[row]), why)
+    return Choice(tier, per_byte_us, t_off[row], t_pre[row], why)
+
+
+def _stacked(values: np.ndarray, times: int) -> np.ndarray:
+    """values repeated `times` times end to end (np.tile, without its overhead on small arrays)."""
+    return np.concatenate([values] * times)
 
 
 def _first_done(cap_prefix: np.ndarray, lo: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
