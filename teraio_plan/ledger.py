@@ -279,8 +279,9 @@ class Excess:
         return row, self.over_blocks[np.repeat(first, count) + offset]
 
     def _relief_by_kernel(self, blk: np.ndarray, lo: np.ndarray, hi: np.ndarray, s: np.ndarray) -> np.ndarray:
-        position = blk[:, None] * self.BLOCK_KERNELS + np.arange(self.BLOCK_KERNELS)
-        inside = (position >= lo[:, None]) & (position < hi[:, None])
+        start = blk * self.BLOCK_KERNELS  # [lo, hi) in columns of each block row
+        column = np.arange(self.BLOCK_KERNELS)
+        inside = (column >= (lo - start)[:, None]) & (column < (hi - start)[:, None])
         excess = np.maximum(self.excess[blk] - self.pending[blk][:, None], 0.0)
         return (np.minimum(excess, s[:, None]) * self.tau[blk] * inside).sum(axis=1)
 
