@@ -10,8 +10,10 @@ Note [Lazy greedy]
     most periods are evaluated once. Initial keys come from prefix sums for all periods at once.
 """
 
+import gc
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -371,7 +373,25 @@ def plan_entries(trace: Trace, inputs: PlannerInputs,
                  progress: Callable[[float], None] | None = None) -> PlannerResult:
     """Run the greedy planner; the caller checks inputs and wraps the result in a Plan."""
     planner = _Planner(trace, inputs)
-    entries = planner.run(progress)
+    with _collector_paused():
+        entries = planner.run(progress)
     result = planner.result(entries)
     result.evaluations = planner.evaluations
     return result
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the greedy runs.
+
+    The greedy makes heap entries and choices by the hundred thousand, none of them in reference
+    cycles, and the collector kept rescanning the live ones: about 10% of planning time at 50k
+    kernels. Whatever the run leaves is collected as usual once it is back on.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
