@@ -3,6 +3,9 @@
 Index k and k + N are the same kernel slot (steady state: every iteration repeats the same
 traffic), so a write to one is a write to both. Periods span at most N kernels, so their
 slices [lo, hi) always satisfy 0 <= lo < hi <= 2N and hi - lo <= N.
+
+Two structures keep each pick from costing O(N): RunningSum (the residual ledgers, searched
+by the walks) and Excess (the memory over the budget, Note [Blocked excess]).
 """
 
 import numpy as np
