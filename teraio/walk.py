@@ -38,12 +38,11 @@ OOM_RETRIES = 3
 
 
 class StorageRecord:
-    """What the walk knows of one live storage. `state` belongs to the listener."""
+    """What the walk knows of one live storage."""
 
-    __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration",
-                 "born_kernel", "pinned", "state")
+    __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration", "pinned")
 
-    def __init__(self, key, tensor_id, kind, tensor, storage, iteration, kernel):
+    def __init__(self, key, tensor_id, kind, tensor, storage, iteration):
         self.key = key
         self.id = tensor_id
         self.name = tensor_id
@@ -53,9 +52,7 @@ class StorageRecord:
         self.shape = list(tensor.shape) if self.nbytes else []
         self.ref = StorageWeakRef(storage)
         self.born_iteration = iteration
-        self.born_kernel = kernel
         self.pinned = False   # used by a collective: never moved (Note [Collective buffers])
-        self.state = None
 
     def storage(self):
         """A strong reference to the storage, or None if it has been freed."""
@@ -289,7 +286,7 @@ class OpWalk(TorchDispatchMode):
             phase = self.phase()
             tensor_id = self._birth_name(func, label, phase)
             kind = Kind.activation if phase == Phase.forward else Kind.other
-        record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration, self.kernel - 1)
+        record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration)
         self.records[key] = record
         return record
 

@@ -247,10 +247,3 @@ class TraceRecorder(WalkListener):
         if life.freed == NOT_FREED:
             return life.born, life.born + num_k  # outlived the profile: assume its twin replaces it
         return life.born, max(life.freed, life.born + 1)
-
-    def live_kinds(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for life in self._kept_lives():
-            name = Kind(life.record.kind).name
-            counts[name] = counts.get(name, 0) + 1
-        return counts
