@@ -9,6 +9,7 @@
 # Device tool: carry [".whl"], timeout_s 600, command:
 #   bash bench/gpu_baselines.sh              # ideal, ZeRO-Offload, checkpointing, save_on_cpu (+ extras)
 #   IDEAL_PEAK=<bytes> bash bench/gpu_baselines.sh infinity    # ZeRO-Infinity alone at 2x (slow disk)
+#   IDEAL_PEAK=<bytes> HOST_MEM=<size> bash bench/gpu_baselines.sh teraio   # teraio_mixed/host/ssd at 2x, 4x
 # Then copy $OUT/baselines.jsonl into bench/results/ and run `python bench/report.py`.
 set -u
 START=$SECONDS
@@ -56,6 +57,42 @@ build_ops() {
     timeout 240 python3 -c "import sys, deepspeed.ops.op_builder as b; [getattr(b, n)().load() for n in sys.argv[1:]]" "$@" \
         || echo "op build failed: the DeepSpeed runs will fail and say why"
 }
+
+if [[ $MODE == teraio ]]; then
+    # TeraIO on the same model, loop, caps and seed: profile the ideal loop once, plan per cap
+    # and tier set, run each plan. HOST_MEM is ZeRO-Offload's host footprint (teraio_mixed gets
+    # the same); teraio_host gets HOST_ONLY_MEM. SSD-only runs whose plan predicts more than
+    # SSD_MAX_STEP_S per step are written as skipped with the prediction (one 1.5 GB/s disk).
+    [[ -z ${IDEAL_PEAK:-} ]] && { echo "teraio mode needs IDEAL_PEAK (bytes, from the ideal run)"; exit 1; }
+    TRACE=/tmp/teraio-3b.msgpack PLANS=/tmp/teraio-plans
+    mkdir -p $PLANS
+    echo; echo "=== profile the ideal loop"
+    timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || exit 1
+    python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats.json"
+    LINK=(--ssd-read-gbps 1.7 --ssd-write-gbps 2.0 --host-gbps ${HOST_GBPS:-37} --pcie-gbps 55 --headroom ${HEADROOM:-1GiB})
+    for cap in "$((IDEAL_PEAK / 2)) 2" "$((IDEAL_PEAK / 4)) 4"; do
+        set -- $cap
+        label="cap 1/$2 of ideal peak"
+        for tiers in "mixed --ssds 1 --host-mem ${HOST_MEM:-48GiB}" "host --ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}" \
+                     "ssd --ssds 1 --host-mem 0"; do
+            read -r -a T <<< "$tiers"
+            plan="$PLANS/plan_${T[0]}_$2x.json"
+            python3 -m teraio plan $TRACE --gpu-mem "$1" "${T[@]:1}" "${LINK[@]}" -o "$plan" --json > /tmp/plan.out 2>&1 \
+                || { python3 bench/run_baseline.py --system "teraio_${T[0]}" "${MODEL[@]}" --gpu-mem "$1" \
+                         --label "$label" --out "$RES" --skip "teraio plan failed: $(tail -1 /tmp/plan.out)"; continue; }
+            tar -czf "$OUT/plans.tgz" -C $PLANS .   # at most 8 files come back: the plans travel as one
+            step_s=$(python3 -c "import json; print(int(json.load(open('$plan'))['header']['prediction']['iteration_ms'] / 1e3))")
+            if [[ ${T[0]} == ssd ]] && (( step_s > ${SSD_MAX_STEP_S:-20} )); then
+                python3 bench/run_baseline.py --system teraio_ssd "${MODEL[@]}" --gpu-mem "$1" --label "$label" \
+                    --plan "$plan" --out "$RES" --skip "not run: its plan predicts ${step_s} s per step (one 1.5 GB/s disk)"
+                continue
+            fi
+            run "teraio_${T[0]}" 200 --gpu-mem "$1" --label "$label" --plan "$plan"
+        done
+    done
+    echo "done at $((SECONDS - START)) s"
+    exit 0
+fi
 
 if [[ $MODE == infinity ]]; then
     # async_io needs libaio: the Debian packages travel unpacked-on-arrival in .whl/libaio.

@@ -1,12 +1,17 @@
-"""Run one configuration of one non-TeraIO system and write a JSON result (issue 5).
+"""Run one configuration of one system and write a JSON result (issue 5).
 
     python bench/run_baseline.py --system ideal --preset 3b --dtype fp32 --out results.jsonl
     python bench/run_baseline.py --system zero_offload --preset 3b --gpu-mem 50GiB --out r.jsonl
+    python bench/run_baseline.py --system ideal --preset 3b --profile-trace 3b.msgpack   # for teraio plan
+    python bench/run_baseline.py --system teraio_mixed --plan 3b-2x.json --gpu-mem 50GiB --out r.jsonl
 
 Systems: ideal (plain, uncapped), plain_capped, zero_offload (DeepSpeed stage 2, optimizer on
 CPU, cpu_adam), zero_infinity (stage 3, parameters and optimizer on NVMe via async_io),
 checkpointing (torch.utils.checkpoint around every decoder layer), save_on_cpu
-(torch.autograd.graph.save_on_cpu, pinned on CUDA). The model, data and optimizer come from
+(torch.autograd.graph.save_on_cpu, pinned on CUDA), and teraio_host / teraio_ssd / teraio_mixed:
+the ideal's training loop under `teraio run --plan PLAN` (the plan says which tiers it uses;
+the name says which the plan was made for). --profile-trace records the ideal's loop with
+`teraio profile` instead of measuring it, so plans come from the very loop they run. The model, data and optimizer come from
 teraio/examples/train_gpt.py; every system trains the same model, batch and seed, with a
 constant learning rate.
 
@@ -33,7 +38,8 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("ideal", "plain_capped", "zero_offload", "zero_infinity", "checkpointing", "save_on_cpu")
+TERAIO_SYSTEMS = ("teraio_host", "teraio_ssd", "teraio_mixed")
+SYSTEMS = ("ideal", "plain_capped", "zero_offload", "zero_infinity", "checkpointing", "save_on_cpu", *TERAIO_SYSTEMS)
 RESULT_FORMAT, RESULT_VERSION = "teraio-bench-result", 1
 SHAPE_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch")
 
@@ -57,16 +63,27 @@ def parse_args(argv=None):
     p.add_argument("--nvme-dir", default="/tmp/ds_nvme", help="zero_infinity swap folder (one disk = one SSD)")
     p.add_argument("--act-ckpt", action="store_true",
                    help="also checkpoint every decoder layer (e.g. zero_offload+ckpt); recorded in the system name")
+    p.add_argument("--plan", help="teraio_*: the plan from `teraio plan`, made for this --gpu-mem")
+    p.add_argument("--ssd-dir", default="/tmp/teraio-swap", help="teraio_*: swap folder (one disk = one SSD)")
+    p.add_argument("--profile-trace", metavar="TRACE",
+                   help="ideal only: write a teraio trace of this loop (2 profiled iterations after --warmup); "
+                        "no result is written")
     p.add_argument("--skip", metavar="REASON", help="write a 'skipped' result with this reason, run nothing")
     p.add_argument("--label", help="free text kept in the result, e.g. 'cap 1/2 of ideal'")
     p.add_argument("--timeout-s", type=float, default=600, help="the child run is killed after this")
-    p.add_argument("--out", required=True, help="result file: .json (written) or .jsonl (appended)")
+    p.add_argument("--out", help="result file: .json (written) or .jsonl (appended); not with --profile-trace")
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: the child writes its result here
     args = p.parse_args(argv)
     if args.system == "ideal" and args.gpu_mem:
         p.error("the ideal run is uncapped: use --system plain_capped for plain PyTorch under a cap")
-    if args.system == "plain_capped" and not args.gpu_mem:
-        p.error("plain_capped needs --gpu-mem")
+    if args.system in ("plain_capped", *TERAIO_SYSTEMS) and not args.gpu_mem:
+        p.error(f"{args.system} needs --gpu-mem")
+    if (args.system in TERAIO_SYSTEMS) != bool(args.plan) and not args.skip:
+        p.error("--plan goes with, and only with, the teraio_* systems")
+    if args.profile_trace and args.system != "ideal":
+        p.error("--profile-trace records the ideal loop: use it with --system ideal")
+    if not args.out and not args.profile_trace and not args.child:
+        p.error("--out is required: the result file (.json or .jsonl)")
     return args
 
 
@@ -255,7 +272,8 @@ def train(args, info, metrics):
     cfg, batch = model_config(args)
     device = pick_device(args.device)
     info["device"] = device
-    metrics["gpu_mem_cap_bytes"] = apply_cap(args, device)
+    if args.system not in TERAIO_SYSTEMS:  # teraio run sets the same cap itself (and a budget on CPU)
+        metrics["gpu_mem_cap_bytes"] = apply_cap(args, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = not args.no_tf32
         torch.backends.cudnn.allow_tf32 = not args.no_tf32
@@ -341,11 +359,24 @@ def echo_lines(stream, tail):
         tail.append(line.rstrip())
 
 
+def teraio_wrapper(args, report_path):
+    """The `teraio profile` / `teraio run` command line the child runs under, if any."""
+    teraio = [sys.executable, "-m", "teraio"]
+    if args.profile_trace:
+        return [*teraio, "profile", "-o", args.profile_trace, "--warmup", str(args.warmup), "--iterations", "2", "--"]
+    if args.system in TERAIO_SYSTEMS:
+        return [*teraio, "run", "--plan", args.plan, "--gpu-mem", args.gpu_mem, "--ssd-dir", args.ssd_dir,
+                "--report", report_path, "--strict", "--"]
+    return []
+
+
 def run_supervised(argv, args):
-    """Runs the child under the timeout; returns (child result or None, rc, last output lines)."""
+    """Runs the child under the timeout; returns (child result or None, rc, last output lines, report path)."""
     fd, result_path = tempfile.mkstemp(suffix=".json", prefix="bench-")
     os.close(fd)
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", result_path]
+    report_path = result_path.replace(".json", ".report.json")
+    cmd = [*teraio_wrapper(args, report_path), sys.executable, str(Path(__file__).resolve()), *argv,
+           "--child", result_path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                PYTHONUNBUFFERED="1")
     tail = deque(maxlen=40)
@@ -367,7 +398,7 @@ def run_supervised(argv, args):
         child = json.loads(text) if text else None  # written before a hang at exit still counts
     except ValueError:  # cut off mid-write by the timeout
         child = None
-    return child, rc, list(tail)
+    return child, rc, list(tail), report_path
 
 
 def failed_without_result(rc, tail, timeout_s):
@@ -377,9 +408,33 @@ def failed_without_result(rc, tail, timeout_s):
     return {"status": "failed", "error": f"exit code {rc}: {errors[-1]}"[:500], "failed_at": "exit"}
 
 
-def build_result(args, child, rc, tail):
+def teraio_metrics(args, report_path):
+    """What the teraio run report and its plan say about the measured steps (issue 5's columns)."""
+    from teraio.formats.plan import load_plan
+    from teraio.formats.report import load_report
+
+    plan = load_plan(args.plan).header
+    found = {"predicted_step_ms": plan.prediction.iteration_ms, "teraio": {"plan": plan.prediction.model_dump()}}
+    if not Path(report_path).exists():
+        return found
+    report = load_report(report_path)
+    Path(report_path).unlink()
+    measured = [row for row in report.per_iteration if args.warmup <= row.iteration < args.warmup + args.steps]
+    found["stall_ms"] = statistics.mean(row.stall_ms for row in measured) if measured else None
+    found["bytes_moved"] = {f"{direction}_{tier}": n for direction, by_tier in
+                            (("out", report.offloaded_bytes), ("in", report.prefetched_bytes))
+                            for tier, n in by_tier.items()}
+    found["teraio"].update(report.model_dump(mode="json", exclude={"header"}))
+    return found
+
+
+def build_result(args, child, rc, tail, report_path=None):
     result = child or failed_without_result(rc, tail, args.timeout_s)
     metrics = result.pop("metrics", {}) or {}
+    if args.system in TERAIO_SYSTEMS and not args.skip:
+        metrics.update(teraio_metrics(args, report_path))
+        result["system_config"] = {"plan": Path(args.plan).name, "ssd_dir": args.ssd_dir,
+                                   **json.loads(Path(args.plan).read_text())["header"]["inputs"]}
     env = result.pop("env", {}) or {}
     from teraio.examples.train_gpt import count_params
     from teraio.units import parse_size
@@ -398,7 +453,7 @@ def build_result(args, child, rc, tail):
     return {"format": RESULT_FORMAT, "schema_version": RESULT_VERSION, "system": system_name(args),
             "label": args.label, "status": result["status"], "error": result["error"],
             "failed_at": result["failed_at"], "config": config,
-            "metrics": {**metrics, "bytes_moved": None, "stall_ms": None}, "env": env}
+            "metrics": {"bytes_moved": None, "stall_ms": None, **metrics}, "env": env}
 
 
 def system_name(args):
@@ -421,14 +476,20 @@ def main(argv=None):
     if args.child:
         run_child(args)
         sys.stdout.flush()
+        if args.profile_trace or args.system in TERAIO_SYSTEMS:
+            return 0  # teraio writes its trace or report (and removes its swap files) at interpreter exit
         # Skip interpreter teardown: a process group or pinned pools left by a failed run can
         # hang at exit, and the result is already on disk.
         os._exit(0)
     if args.skip:
-        child, rc, tail = {"status": "skipped", "error": args.skip, "failed_at": None}, None, []
+        child, rc, tail, report_path = {"status": "skipped", "error": args.skip, "failed_at": None}, None, [], None
     else:
-        child, rc, tail = run_supervised(argv, args)
-    result = build_result(args, child, rc, tail)
+        child, rc, tail, report_path = run_supervised(argv, args)
+    if args.profile_trace:
+        ok = rc == 0 and Path(args.profile_trace).exists()
+        print(f"[bench] profile {'written to ' + args.profile_trace if ok else f'FAILED (exit {rc})'}", flush=True)
+        return 0 if ok else 1
+    result = build_result(args, child, rc, tail, report_path)
     write_result(result, args.out)
     m = result["metrics"]
     summary = (f"tok/s {m['tokens_per_s']:.0f} step_ms {m['step_ms_median']:.1f}" if result["status"] == "ok"

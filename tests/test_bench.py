@@ -109,3 +109,29 @@ def test_zero_offload_on_cpu_trains_the_same_model(results, tmp_path):
     assert r["status"] == "ok", r["error"]
     assert r["config"]["system_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert r["metrics"]["losses"] == pytest.approx(by_system["ideal"]["metrics"]["losses"], rel=1e-5)
+
+
+def test_teraio_row_trains_exactly_and_reports_its_io(results, tmp_path):
+    """The teraio rows run the ideal's own loop: profiled, planned and run through the harness,
+    the losses are the ideal's bit for bit, and the row carries bytes moved, stalls and the plan's
+    prediction."""
+    _, by_system, _ = results
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    trace, plan, out = tmp_path / "t.msgpack", tmp_path / "plan.json", tmp_path / "teraio.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "run_baseline.py"), "--system", "ideal", *TINY,
+                           "--warmup", "2", "--profile-trace", str(trace)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0 and trace.exists(), proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "teraio", "plan", str(trace), "--gpu-mem", "6MiB", "--ssds", "1",
+                           "--host-mem", "1GiB", "-o", str(plan)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    bench(["--system", "teraio_mixed", *TINY, "--warmup", "2", "--plan", str(plan), "--gpu-mem", "6MiB",
+           "--ssd-dir", str(tmp_path / "swap")], out)
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok", r["error"]
+    m = r["metrics"]
+    assert m["losses"][:4] == by_system["ideal"]["metrics"]["losses"]
+    assert m["teraio"]["iterations_on_plan"] >= 1 and m["teraio"]["peak_device_bytes"] <= 6 * 2**20
+    assert m["bytes_moved"]["out_host"] + m["bytes_moved"]["out_ssd"] > 0 and m["stall_ms"] is not None
+    assert m["predicted_step_ms"] > 0 and r["config"]["system_config"]["budget_bytes"] == 6 * 2**20
+    assert not any((tmp_path / "swap").iterdir())  # the run's swap folder is gone
