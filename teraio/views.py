@@ -21,6 +21,12 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     out.print(table)
     if r.achieved_gbps:
         out.print("  achieved: " + ", ".join(f"{path} {gbps:.3g} GB/s" for path, gbps in r.achieved_gbps.items()))
+    planned = [row for row in r.per_iteration if row.followed_plan]
+    if planned:
+        last = planned[-1]
+        out.print(f"  last planned iteration: {format_ms(last.ms)}, of which host time in the walk and agent "
+                  f"{format_ms(last.walk_ms)} (stalls {format_ms(last.stall_ms)}), inside ops "
+                  f"{format_ms(last.op_launch_ms)}")
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "

@@ -25,6 +25,7 @@ unmodified script needs nothing; loops without a torch optimizer call `teraio_st
 
 import zlib
 from dataclasses import dataclass, field
+from time import perf_counter
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -116,6 +117,9 @@ class OpWalk(TorchDispatchMode):
         self.device_type = device_type
         self.iteration = 0
         self.kernel = 0               # index of the next op within the current iteration
+        # Host seconds spent in the walk and listener around ops, and inside the ops themselves
+        # (PyTorch's own launch cost): when they add up to the iteration, the CPU is the bottleneck.
+        self.host_s = {"walk": 0.0, "ops": 0.0}
         self.records: dict[int, StorageRecord] = {}
         self.owners = _Owners()
         self.roots: list[torch.nn.Module] = []
@@ -223,6 +227,7 @@ class OpWalk(TorchDispatchMode):
         return Phase.forward if self.scope else Phase.other
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = perf_counter()
         kwargs = kwargs or {}
         k = self.kernel
         self.kernel += 1
@@ -230,11 +235,16 @@ class OpWalk(TorchDispatchMode):
         if func.namespace == "c10d":
             self._pin(inputs)
         self.listener.before_op(k, func, inputs)
+        t1 = perf_counter()
         out = self._call(func, args, kwargs, inputs)
+        t2 = perf_counter()
         out_tensors = tensors_in(out, [])
         known = {r.key for r in inputs}
         new = [r for r in self._records_of(out_tensors, func, None) if r.key not in known]
         self.listener.after_op(k, func, inputs, new, op_signature(func, out_tensors))
+        host_s = self.host_s
+        host_s["ops"] += t2 - t1
+        host_s["walk"] += perf_counter() - t2 + t1 - t0
         return out
 
     def _call(self, func, args, kwargs, inputs):

@@ -227,7 +227,8 @@ class RunAgent(WalkListener):
         stats = self.engine.stats
         totals = {"evictions": stats.evictions, "oom_retries": stats.oom_retries,
                   "stall_ms": sum(stats.stall_ms.values()),
-                  "offloaded_bytes": sum(stats.offloaded_bytes.values())}
+                  "offloaded_bytes": sum(stats.offloaded_bytes.values()),
+                  "walk_ms": self.walk.host_s["walk"] * 1e3, "op_launch_ms": self.walk.host_s["ops"] * 1e3}
         row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
         row.update(self.counts, iteration=iteration, followed_plan=self.following, kernels=num_kernels,
                    ms=(self.iteration_s[-1]) * 1e3)

@@ -46,7 +46,7 @@ def build_report(agent, context) -> RunReport:
         predicted_iteration_ms=predicted,
         measured_iteration_ms=round(float(measured), 3),
         kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,
-        per_iteration=[{**row, "ms": round(row["ms"], 3), "stall_ms": round(row["stall_ms"], 3)}
+        per_iteration=[{**row, **{key: round(row[key], 3) for key in ("ms", "stall_ms", "walk_ms", "op_launch_ms")}}
                        for row in agent.per_iteration],
     )
 

@@ -38,6 +38,8 @@ class IterationRow(Strict):
     oom_retries: int
     stall_ms: float
     offloaded_bytes: int
+    walk_ms: float = Field(0.0, description="host time in the op walk and the agent, stalls included")
+    op_launch_ms: float = Field(0.0, description="host time inside the ops (PyTorch's launch cost)")
 
 
 class RunReport(Strict):
