@@ -70,17 +70,19 @@ if [[ $MODE == teraio ]]; then
     timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || exit 1
     python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats.json"
     LINK=(--ssd-read-gbps 1.7 --ssd-write-gbps 2.0 --host-gbps ${HOST_GBPS:-37} --pcie-gbps 55 --headroom ${HEADROOM:-1GiB})
-    for cap in "$((IDEAL_PEAK / 2)) 2" "$((IDEAL_PEAK / 4)) 4"; do
-        set -- $cap
-        label="cap 1/$2 of ideal peak"
-        for tiers in "mixed --ssds 1 --host-mem ${HOST_MEM:-48GiB}" "host --ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}" \
-                     "ssd --ssds 1 --host-mem 0"; do
-            read -r -a T <<< "$tiers"
+    for tiers in "mixed --ssds 1 --host-mem ${HOST_MEM:-48GiB}" "host --ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}" \
+                 "ssd --ssds 1 --host-mem 0"; do
+        read -r -a T <<< "$tiers"
+        for cap in "$((IDEAL_PEAK / 2)) 2" "$((IDEAL_PEAK / 4)) 4"; do
+            set -- $cap
+            label="cap 1/$2 of ideal peak"
             plan="$PLANS/plan_${T[0]}_$2x.json"
             python3 -m teraio plan $TRACE --gpu-mem "$1" "${T[@]:1}" "${LINK[@]}" -o "$plan" --json > /tmp/plan.out 2>&1 \
                 || { python3 bench/run_baseline.py --system "teraio_${T[0]}" "${MODEL[@]}" --gpu-mem "$1" \
                          --label "$label" --out "$RES" --skip "teraio plan failed: $(tail -1 /tmp/plan.out)"; continue; }
             tar -czf "$OUT/plans.tgz" -C $PLANS .   # at most 8 files come back: the plans travel as one
+            python3 -c "import json; p = json.load(open('$plan'))['header']['prediction']; print('$plan', {k: p[k] for k in \
+                ('iteration_ms', 'ideal_iteration_ms', 'stall_ms', 'fits', 'peak_bytes', 'offload_bytes_by_tier')})"
             step_s=$(python3 -c "import json; print(int(json.load(open('$plan'))['header']['prediction']['iteration_ms'] / 1e3))")
             if [[ ${T[0]} == ssd ]] && (( step_s > ${SSD_MAX_STEP_S:-20} )); then
                 python3 bench/run_baseline.py --system teraio_ssd "${MODEL[@]}" --gpu-mem "$1" --label "$label" \

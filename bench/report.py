@@ -12,6 +12,7 @@ was run more than once. The output has no timestamps, so it changes only when re
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -80,13 +81,21 @@ def ratio_text(cap, ideal_peak):
     return f"{ideal_peak / cap:.2f}x" if ideal_peak else "?"
 
 
+def short_error(error):
+    """PyTorch's out-of-memory text runs to 600 characters; the table needs its two numbers."""
+    found = re.search(r"Tried to allocate ([\d.]+ \w+).*?([\d.]+ \w+) allowed", error or "")
+    if error and error.startswith("OutOfMemoryError") and found:
+        return f"out of device memory (tried to allocate {found[1]} under the cap of {found[2]})"
+    return error or "unknown error"
+
+
 def status_text(r):
     if r is None:
         return "**missing**: no result"
     if r["status"] == "ok":
         return "ok"
     where = f" ({r.get('failed_at')})" if r.get("failed_at") else ""
-    error = (r.get("error") or "unknown error").replace("|", "\\|")
+    error = short_error(r.get("error")).replace("|", "\\|")
     return f"**{r['status']}**{where}: {error}"
 
 
@@ -140,8 +149,40 @@ def group_table(results):
             share = (r["metrics"]["tokens_per_s"] / ideal["metrics"]["tokens_per_s"]
                      if r and r["status"] == "ok" and ideal else None)
             points.append((ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes")), system, share))
-    lines += [""] + speedups(chosen, caps, ideal) + provenance(chosen)
+    lines += [""] + speedups(chosen, caps, ideal) + teraio_details(chosen, caps, ideal) + provenance(chosen)
     return lines, points
+
+
+def teraio_details(chosen, caps, ideal):
+    """Where a teraio run's time went: the plan's prediction (the simulator replaying the trace
+    with the plan at the given bandwidths) and its roofline (the trace's kernel time: unlimited
+    bandwidth) against the measured step, stalls, traffic and the host time in the walk."""
+    rows = [(system, cap, chosen[(system, cap)]) for cap in caps for system in EXPECTED_SYSTEMS[:3]
+            if (system, cap) in chosen and chosen[(system, cap)]["status"] == "ok"
+            and chosen[(system, cap)]["metrics"].get("teraio")]
+    if not rows:
+        return []
+    ideal_peak = ideal and ideal["metrics"].get("peak_device_bytes")
+    lines = ["TeraIO runs in detail (measured iterations: those after warm-up; stalls by cause over the whole run):", "",
+             "| System | Ratio | Step ms measured | Predicted | Roofline | Stall ms/step | Stalls by cause (run) "
+             "| Moved out GB/step | Achieved GB/s | Walk+agent host ms/step | Evictions on plan | Iterations on plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for system, cap, r in rows:
+        m, t = r["metrics"], r["metrics"]["teraio"]
+        warmup = r["config"]["warmup_steps"]
+        measured = [row for row in t.get("per_iteration", []) if row["iteration"] >= warmup]
+        planned = [row for row in measured if row["followed_plan"]]
+
+        def mean(key, rows=measured):
+            return sum(row.get(key, 0) for row in rows) / len(rows) if rows else 0.0
+
+        causes = ", ".join(f"{cause} {ms:.0f}" for cause, ms in sorted(t.get("stall_ms_by_cause", {}).items())) or "none"
+        gbps = ", ".join(f"{path} {v:.1f}" for path, v in sorted(t.get("achieved_gbps", {}).items())) or "–"
+        lines.append(f"| {system} | {ratio_text(cap, ideal_peak)} | {m['step_ms_median']:.0f} | "
+                     f"{t['plan']['iteration_ms']:.0f} | {t['plan']['ideal_iteration_ms']:.0f} | {m['stall_ms'] or 0:.0f} "
+                     f"| {causes} | {mean('offloaded_bytes') / 1e9:.1f} | {gbps} | {mean('walk_ms'):.0f} "
+                     f"| {sum(row['evictions'] for row in planned)} | {t['iterations_on_plan']} of {t['iterations']} |")
+    return lines + [""]
 
 
 def speedups(chosen, caps, ideal):
