@@ -69,6 +69,7 @@ if [[ $MODE == teraio ]]; then
     echo; echo "=== profile the ideal loop"
     timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || exit 1
     python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats.json"
+    cp $TRACE "$OUT/"   # for replanning here
     LINK=(--ssd-read-gbps 1.7 --ssd-write-gbps 2.0 --host-gbps ${HOST_GBPS:-37} --pcie-gbps 55 --headroom ${HEADROOM:-1GiB})
     for tiers in "mixed --ssds 1 --host-mem ${HOST_MEM:-48GiB}" "host --ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}" \
                  "ssd --ssds 1 --host-mem 0"; do

@@ -309,7 +309,8 @@ def run_child(args):
         first_line = (str(exc).strip().splitlines() or [""])[0]
         result.update(status="failed", error=f"{type(exc).__name__}: {first_line}"[:500],
                       failed_at=info["phase"])
-    metrics.update(device_peaks(info.get("device")))
+    if "device" in info:  # torch imported: a failed first import (e.g. a --strict agent) must not be retried
+        metrics.update(device_peaks(info["device"]))
     metrics["host_rss_bytes"], metrics["host_rss_peak_bytes"] = host_rss()
     result.update(metrics=metrics, system_config=info.get("system_config"), env=child_env(info))
     Path(args.child).write_text(json.dumps(result))

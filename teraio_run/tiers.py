@@ -90,13 +90,26 @@ def _stream_copy(stream, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch
     return start, end
 
 
+def _pin_exactly(buffer: torch.Tensor) -> None:
+    """Page-lock this buffer where it is. Not `pin_memory=True`: PyTorch's caching host
+    allocator rounds a request up to a power of two, so a 72 GiB pool would pin 128 GiB
+    (more than the H200 machine has) and fail."""
+    nbytes = buffer.numel() * buffer.element_size()
+    err = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, 0))
+    if err != 0:
+        raise RuntimeError(f"could not pin {nbytes / 2**30:.1f} GiB of host memory for the host tier "
+                           f"(cudaHostRegister error {err}): lower --host-mem when planning")
+
+
 class HostPool:
     """One pinned buffer allocated at start (per-tensor cudaHostAlloc is slow and fragments),
     carved first-fit. On CPU-only machines it is plain memory."""
 
     def __init__(self, nbytes: int, pin: bool):
         self.capacity = nbytes
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin and nbytes > 0)
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if pin and nbytes > 0:
+            _pin_exactly(self.buffer)
         self._free = [(0, nbytes)] if nbytes else []  # (offset, size), sorted by offset
         self.used = 0
 

@@ -50,6 +50,10 @@ def _start_agent() -> None:
         raise
     except BaseException as err:  # the job must train even if the agent cannot
         if os.environ.get("TERAIO_STRICT", "").lower() in ("1", "true", "yes", "on"):
+            # Said here because the error surfaces as a failed `import torch`, which a
+            # script may catch, and a second import then fails with an unrelated message.
+            print(f"teraio: the agent could not start ({type(err).__name__}: {err}); "
+                  "stopping the job (--strict)", file=sys.stderr)
             raise
         print(f"teraio: the agent could not start ({type(err).__name__}: {err}); "
               "training continues without it", file=sys.stderr)
