@@ -74,8 +74,8 @@ if [[ $MODE == teraio ]]; then
     for tiers in "mixed --ssds 1 --host-mem ${HOST_MEM:-48GiB}" "host --ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}" \
                  "ssd --ssds 1 --host-mem 0"; do
         read -r -a T <<< "$tiers"
-        for cap in "$((IDEAL_PEAK / 2)) 2" "$((IDEAL_PEAK / 4)) 4"; do
-            set -- $cap
+        for ratio in ${CAPS:-2 4}; do   # CAPS: which ratios (ideal peak / cap) to run
+            set -- $((IDEAL_PEAK / ratio)) "$ratio"
             label="cap 1/$2 of ideal peak"
             plan="$PLANS/plan_${T[0]}_$2x.json"
             python3 -m teraio plan $TRACE --gpu-mem "$1" "${T[@]:1}" "${LINK[@]}" -o "$plan" --json > /tmp/plan.out 2>&1 \

@@ -227,8 +227,18 @@ class OpWalk(TorchDispatchMode):
         for name, param in module.named_parameters(prefix=prefix, remove_duplicate=False):
             self.owners.param_name.setdefault(id(param), name)
             self._own(param, name, Kind.parameter)
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._grad_ready))
         for name, buf in module.named_buffers(prefix=prefix, remove_duplicate=False):
             self._own(buf, name, Kind.other)
+
+    def _grad_ready(self, param) -> None:
+        """A gradient is named as soon as backward has accumulated it, not only at the next
+        optimizer step: before the first step it would otherwise be an unknown storage the
+        runtime may not evict (10.9 GiB of them for the 3B example)."""
+        name = self.owners.param_name.get(id(param))
+        if name is not None and param.grad is not None:
+            self._own(param.grad, f"{name}.grad", Kind.gradient)
 
     def _optimizer_enter(self, optimizer, args, kwargs):
         if all(o is not optimizer for o in self.optimizers):

@@ -92,8 +92,11 @@ class MigrationEngine:
         self.moved: dict[int, Moved] = {}   # storage key -> state, for storages not plainly resident
         self.stats = Stats()
         self.offloaded_now = 0              # device bytes currently released by us
-        self.releasing: list[Moved] = []    # back on the device, slot still read by a copy
-        self.copying_out: dict[int, Moved] = {}  # OFFLOADING only: what poll() looks at per op
+        self.releasing: deque[Moved] = deque()  # back on the device, slot still read by a stream copy
+        self.copying_out: dict[int, Moved] = {}  # OFFLOADING: copied out, device memory not yet released
+        # Keys of copying_out per tier in issue order: copies of one tier finish about in
+        # order, so poll() looks only at the oldest of each (O(1) per op, not O(copies)).
+        self._out_order: dict[str, deque[int]] = {"host": deque(), "ssd": deque()}
         self.in_flight: deque[Transfer] = deque()  # every copy, until measured (oldest first)
         self.meter = PathMeter()
 
@@ -141,11 +144,38 @@ class MigrationEngine:
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         moved.transfer = self._track(tier.copy_out(storage, slot))
         self.moved[record.key] = moved
-        if tier.frees_at_once:
-            self._release_device(record, moved)
-        else:
-            self.copying_out[record.key] = moved
+        self.copying_out[record.key] = moved
+        self._out_order[tier.name].append(record.key)
         return True
+
+    def release_planned(self, record, records_by_key) -> None:
+        """The plan's offload_by: free the device memory of a stream copy-out now, ordered
+        after the copy on the compute stream (Note [Stream ordering on CUDA]: the GPU waits
+        if the copy is late, the CPU never does). A file copy is left to poll(): waiting
+        for it here would stall the CPU, and memory pressure waits for it anyway."""
+        moved = self.copying_out.get(record.key)
+        if moved is not None and moved.transfer.event is not None:
+            self.finish_offload(record.key, records_by_key)
+
+    def finish_offload(self, key: int, records_by_key, done: bool = False) -> None:
+        """Release the device memory of a copy-out once its bytes are (or, on a stream, will
+        be, before anything that runs after) in the tier; on an I/O error keep the tensor."""
+        moved = self.copying_out.pop(key)
+        error = None
+        if not done:
+            try:
+                moved.transfer.wait()
+            except Exception as err:  # noqa: BLE001 - any failed copy: the tensor stays on the device
+                error = err
+        error = error or moved.transfer.error()
+        record = records_by_key.get(key)
+        if error is not None or record is None:
+            if error is not None:
+                self.stats.io_errors += 1  # disk full, folder gone: the tensor stays put
+            self._release_slot(moved)
+            del self.moved[key]
+            return
+        self._release_device(record, moved)
 
     def _place(self, tier_name: str, nbytes: int):
         """(tier, slot): the planned tier, or the other one when the host pool is full."""
@@ -187,13 +217,9 @@ class MigrationEngine:
             self.releasing.append(moved)  # a stream copy still reads the pool slice
 
     def _reap_released(self) -> None:
-        still = []
-        for moved in self.releasing:
-            if moved.transfer.done():
-                self._release_slot(moved)
-            else:
-                still.append(moved)
-        self.releasing = still
+        """Free the pool slots of finished copy-ins, oldest first (one stream: in order)."""
+        while self.releasing and self.releasing[0].transfer.done():
+            self._release_slot(self.releasing.popleft())
 
     def _track(self, transfer: Transfer) -> Transfer:
         self.in_flight.append(transfer)
@@ -206,8 +232,7 @@ class MigrationEngine:
             self.meter.add(self.in_flight.popleft())
 
     def wait_freeing(self) -> None:
-        """Block until blocks released under record_stream can really be reused: the
-        allocator takes them back only once their copies are done (out of memory: no choice)."""
+        """Block until every copy-out has passed (out of memory: no choice but to wait)."""
         host = self.tiers["host"]
         if host is not None and host.cuda:
             host.d2h_stream.synchronize()
@@ -218,18 +243,14 @@ class MigrationEngine:
         if self.releasing:
             self._reap_released()
         self.measure()
-        for key, moved in list(self.copying_out.items()):
-            if not moved.transfer.done():
-                continue
-            del self.copying_out[key]
-            record = records_by_key.get(key)
-            if moved.transfer.error() is not None or record is None:
-                if moved.transfer.error() is not None:
-                    self.stats.io_errors += 1  # disk full, folder gone: the tensor stays put
-                self._release_slot(moved)
-                del self.moved[key]
-                continue
-            self._release_device(record, moved)
+        for order in self._out_order.values():
+            while order:
+                moved = self.copying_out.get(order[0])
+                if moved is not None and not moved.transfer.done():
+                    break
+                key = order.popleft()
+                if moved is not None:  # else released already (planned, cancelled, waited for)
+                    self.finish_offload(key, records_by_key, done=True)
 
     def _release_device(self, record, moved: Moved) -> None:
         moved.storage.resize_(0)
@@ -245,9 +266,10 @@ class MigrationEngine:
             moved.tier.discard(moved.slot, moved.nbytes)
 
     def wait_offloads(self, records_by_key) -> None:
-        """Wait for every copy-out in flight (when memory is short, or at shutdown)."""
-        for moved in self.copying_out.values():
-            _wait_quietly(moved.transfer)
+        """Release every copy-out in flight (memory is short, or shutdown): stream copies
+        by ordering the compute stream after them, file copies by waiting for them."""
+        for key in list(self.copying_out):
+            self.finish_offload(key, records_by_key)
         self.poll(records_by_key)
 
     def forget_dead(self, dead_keys) -> None:
