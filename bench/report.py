@@ -187,22 +187,23 @@ def teraio_details(chosen, caps, ideal):
 
 def speedups(chosen, caps, ideal):
     lines = []
-    for cap in caps:
-        ours = chosen.get(("teraio_mixed", cap))
+    for cap, system in ((cap, system) for cap in caps for system in ("teraio_mixed", "teraio_host")):
+        ours = chosen.get((system, cap))
         if not ours or ours["status"] != "ok":
             continue
+        ratio = ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes"))
         for rival in ("zero_offload", "zero_offload+ckpt", "zero_infinity"):
             theirs = chosen.get((rival, cap))
-            ratio = ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes"))
             if theirs and theirs["status"] == "ok":
                 x = ours["metrics"]["tokens_per_s"] / theirs["metrics"]["tokens_per_s"]
-                lines.append(f"- At {ratio}: teraio_mixed is {x:.2f}x {rival}.")
+                lines.append(f"- At {ratio}: {system} is {x:.2f}x {rival}.")
             else:
-                lines.append(f"- At {ratio}: teraio_mixed ran; {rival} did not, so it has no speed-up figure.")
+                lines.append(f"- At {ratio}: {system} ran; {rival} did not, so it has no speed-up figure.")
     return lines + ([""] if lines else [])
 
 
 def provenance(chosen):
+    chosen = {key: r for key, r in chosen.items() if r["status"] != "skipped"}  # never ran anywhere
     commits = sorted({(r["env"].get("git_commit") or "unknown")[:12] for r in chosen.values()})
     dates = sorted({(r["env"].get("date") or "?")[:10] for r in chosen.values()})
     devices = sorted({r["env"].get("device_name") or "?" for r in chosen.values()})

@@ -336,13 +336,16 @@ def child_env(info):
 # ---------------------------------------------------------------------------- parent side
 
 def git_commit():
+    """TERAIO_COMMIT first: the GPU machine's copy of the tree may carry a stale .git."""
+    if os.environ.get("TERAIO_COMMIT"):
+        return os.environ["TERAIO_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if out.returncode == 0:
             return out.stdout.strip()
     except OSError:
         pass
-    return os.environ.get("TERAIO_COMMIT", "unknown")
+    return "unknown"
 
 
 def code_sha256():
