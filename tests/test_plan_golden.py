@@ -40,3 +40,20 @@ def test_golden_plan(name):
         golden.write_text(text)
     assert golden.exists(), f"no golden plan {golden}: run with TERAIO_UPDATE_GOLDEN=1 and review it"
     assert text == golden.read_text(), f"{name} changed: rerun with TERAIO_UPDATE_GOLDEN=1 if on purpose"
+
+
+def test_two_tier_plan_falls_back_to_one_tier_when_it_misses_the_budget():
+    """Note [One tier when two do not fit], on the recorded 3B trace at 1/4 of its peak: the
+    plan made with both tiers is over budget; the plan kept is the best of it and each tier
+    alone, and still states the user's inputs."""
+    from teraio_plan.make import _plan_with, _rank, make_plan_outcome
+
+    trace = load_trace(Path(__file__).resolve().parents[1] / "traces" / "h200-3b-fp32.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=20878062208, num_ssds=1, ssd_read_gbps=1.7, ssd_write_gbps=2.0,
+                            host_mem_bytes=72 * 2**30, host_gbps=37, pcie_gbps=55, headroom_bytes=2**30)
+    both = _plan_with(trace, inputs, inputs)
+    kept = make_plan_outcome(trace, inputs)
+    assert not both.plan.header.prediction.fits
+    assert _rank(kept) < _rank(both)
+    assert kept.plan.header.prediction.max_excess_bytes < both.plan.header.prediction.max_excess_bytes
+    assert kept.plan.header.inputs == inputs
