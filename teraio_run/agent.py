@@ -38,7 +38,7 @@ class RunAgent(WalkListener):
         self.cuda = device_type == "cuda"
         self.budget_bytes = budget_bytes
         self.walk = OpWalk(self, device_type)
-        self.offloads_after, self.releases_at, self.prefetches_at = _index_actions(plan)
+        self.offloads_after, self.prefetches_at = _index_actions(plan)
         self.num_kernels = plan.header.trace.num_kernels
         self.following = False
         self.by_id = {}
@@ -119,10 +119,6 @@ class RunAgent(WalkListener):
                     self.counts["plan_ids_missing"] += 1
                 elif self._movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
                     self.counts["planned_offloads"] += 1
-            for entry in self.releases_at.get(k, ()):
-                record = self.by_id.get(entry.tensor)
-                if record is not None:
-                    self.engine.release_planned(record, self.walk.records)
         self._keep_budget(inputs + new)
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
@@ -271,13 +267,12 @@ class RunAgent(WalkListener):
 
 
 def _index_actions(plan: Plan):
-    """Plan entries by the kernel of each action: offload after, release after, prefetch before."""
-    offloads, releases, prefetches = {}, {}, {}
+    """Plan entries by the kernel of each action: offload after, prefetch before."""
+    offloads, prefetches = {}, {}
     for entry in plan.entries:
         offloads.setdefault(entry.offload_after, []).append(entry)
-        releases.setdefault(entry.offload_by, []).append(entry)
         prefetches.setdefault(entry.prefetch_at, []).append(entry)
-    return offloads, releases, prefetches
+    return offloads, prefetches
 
 
 def start(settings):

@@ -144,22 +144,16 @@ class MigrationEngine:
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         moved.transfer = self._track(tier.copy_out(storage, slot))
         self.moved[record.key] = moved
-        self.copying_out[record.key] = moved
-        self._out_order[tier.name].append(record.key)
+        if tier.frees_at_once:
+            self._release_device(record, moved)
+        else:
+            self.copying_out[record.key] = moved
+            self._out_order[tier.name].append(record.key)
         return True
 
-    def release_planned(self, record, records_by_key) -> None:
-        """The plan's offload_by: free the device memory of a stream copy-out now, ordered
-        after the copy on the compute stream (Note [Stream ordering on CUDA]: the GPU waits
-        if the copy is late, the CPU never does). A file copy is left to poll(): waiting
-        for it here would stall the CPU, and memory pressure waits for it anyway."""
-        moved = self.copying_out.get(record.key)
-        if moved is not None and moved.transfer.event is not None:
-            self.finish_offload(record.key, records_by_key)
-
     def finish_offload(self, key: int, records_by_key, done: bool = False) -> None:
-        """Release the device memory of a copy-out once its bytes are (or, on a stream, will
-        be, before anything that runs after) in the tier; on an I/O error keep the tensor."""
+        """Release the device memory of a copy-out once its bytes are in the tier (waiting
+        for them unless `done`); on an I/O error keep the tensor."""
         moved = self.copying_out.pop(key)
         error = None
         if not done:
@@ -232,7 +226,8 @@ class MigrationEngine:
             self.meter.add(self.in_flight.popleft())
 
     def wait_freeing(self) -> None:
-        """Block until every copy-out has passed (out of memory: no choice but to wait)."""
+        """Block until blocks released under record_stream can really be reused: the
+        allocator takes them back only once their copies are done (out of memory: no choice)."""
         host = self.tiers["host"]
         if host is not None and host.cuda:
             host.d2h_stream.synchronize()
@@ -249,7 +244,7 @@ class MigrationEngine:
                 if moved is not None and not moved.transfer.done():
                     break
                 key = order.popleft()
-                if moved is not None:  # else released already (planned, cancelled, waited for)
+                if moved is not None:  # else released already (cancelled, waited for)
                     self.finish_offload(key, records_by_key, done=True)
 
     def _release_device(self, record, moved: Moved) -> None:
@@ -266,8 +261,7 @@ class MigrationEngine:
             moved.tier.discard(moved.slot, moved.nbytes)
 
     def wait_offloads(self, records_by_key) -> None:
-        """Release every copy-out in flight (memory is short, or shutdown): stream copies
-        by ordering the compute stream after them, file copies by waiting for them."""
+        """Wait for every copy-out in flight and release it (memory is short, or shutdown)."""
         for key in list(self.copying_out):
             self.finish_offload(key, records_by_key)
         self.poll(records_by_key)
