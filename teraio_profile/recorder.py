@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from teraio.formats.trace import Kind
-from teraio.walk import StorageRecord, WalkListener
+from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes
 
 NOT_FREED = -1
 MAX_SETTLE_ITERATIONS = 4
@@ -118,7 +118,7 @@ class TraceRecorder(WalkListener):
         self.window_ops.append(func.overloadpacket.__name__)
         self.window_phase.append(int(self.walk.phase()))
         if self.device_type == "cuda":
-            self.device_bytes.append(torch.cuda.memory_allocated())
+            self.device_bytes.append(cuda_allocated_bytes())
         for record in inputs + new:
             life = self.lives.get(record.key)
             if life is None:
@@ -176,7 +176,7 @@ class TraceRecorder(WalkListener):
         every live tensor after every op is what makes profiling slow."""
         if self.device_type != "cuda":
             return True
-        allocated = torch.cuda.memory_allocated()
+        allocated = cuda_allocated_bytes()
         dropped = allocated < self._last_allocated
         self._last_allocated = allocated
         return dropped

@@ -22,7 +22,7 @@ from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind
 from teraio.units import format_bytes
-from teraio.walk import OpWalk, WalkListener, activate
+from teraio.walk import OpWalk, WalkListener, activate, cuda_allocated_bytes
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
@@ -54,6 +54,7 @@ class RunAgent(WalkListener):
         self._ddp = None   # whether the model is wrapped in DDP, known at the first gradient
         self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
         self.per_iteration: list[dict] = []
+        self._grew = False  # a prefetch or restore since the last budget check
         self._last_totals: dict = {}
 
     # ----- per op ---------------------------------------------------------------------------
@@ -74,6 +75,7 @@ class RunAgent(WalkListener):
         for record in inputs:
             if record.key not in self.engine.moved:
                 continue
+            self._grew = True
             try:
                 self.engine.ensure_resident(record, cause)
             except torch.OutOfMemoryError:
@@ -86,6 +88,7 @@ class RunAgent(WalkListener):
             if record is None:
                 self.counts["plan_ids_missing"] += 1
                 continue
+            self._grew = True
             try:
                 self.engine.prefetch(record)
             except torch.OutOfMemoryError:
@@ -119,7 +122,9 @@ class RunAgent(WalkListener):
                     self.counts["plan_ids_missing"] += 1
                 elif self._movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
                     self.counts["planned_offloads"] += 1
-        self._keep_budget(inputs + new)
+        if new or self._grew:  # else resident memory cannot have grown since the last check
+            self._grew = False
+            self._keep_budget(inputs + new)
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
         """Note [Out of memory]: the cap counts memory the allocator reserves, which is more
@@ -147,7 +152,7 @@ class RunAgent(WalkListener):
             # The allocator stops counting a block as allocated when it is freed, also one a
             # side-stream copy still reads (record_stream); until that copy is done the block
             # still counts against the cap (Note [Out of memory]).
-            return torch.cuda.memory_allocated()
+            return cuda_allocated_bytes()
         live = sum(r.nbytes for r in self.walk.records.values() if not r.ref.expired())
         return live - self.engine.offloaded_now
 
