@@ -22,7 +22,7 @@ KNOWN_VERSIONS = (1,)
 # Rows every capped configuration should have (issue 5), in table order.
 EXPECTED_SYSTEMS = ("teraio_mixed", "teraio_host", "teraio_ssd", "zero_offload", "zero_infinity",
                     "checkpointing", "save_on_cpu", "plain_capped")
-GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype")
+GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype", "deterministic")
 MACHINE_NOTE = (
     "Machine: one NVIDIA H200 (about 139 GiB usable) on PCIe Gen5 x16, 16 cores, 128 GB RAM. "
     "Pinned host<->device copies run at about 55 GB/s each way alone (37 GB/s both ways at once); "
@@ -123,7 +123,8 @@ def group_title(results):
     shape = f"{c.get('layers')} layers, dim {c.get('dim')}, ffn {c.get('ffn')}, vocab {c.get('vocab')}"
     dtype = "fp32 weights and AdamW" + (", TF32 matmuls" if c.get("tf32") else "") if c.get("dtype") == "fp32" \
         else "fp32 weights, bf16 autocast"
-    return f"{c.get('preset', '?')}: {params} ({shape}), batch {c.get('batch')} x seq {c.get('seq')}, {dtype}"
+    exact = ", deterministic kernels" if c.get("deterministic") else ""
+    return f"{c.get('preset', '?')}: {params} ({shape}), batch {c.get('batch')} x seq {c.get('seq')}, {dtype}{exact}"
 
 
 def group_table(results):

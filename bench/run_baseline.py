@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="fp32: fp32 weights and math (TF32 matmuls unless --no-tf32); bf16: bf16 autocast")
     p.add_argument("--no-tf32", action="store_true", help="full fp32 matmuls on CUDA")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (math attention: more memory), so systems' losses compare bit for bit")
     p.add_argument("--gpu-mem", help="per-process device memory cap, e.g. 50GiB (set_per_process_memory_fraction)")
     p.add_argument("--warmup", type=int, default=3, help="steps run before measuring")
     p.add_argument("--steps", type=int, default=10, help="measured steps")
@@ -274,6 +276,10 @@ def train(args, info, metrics):
     info["device"] = device
     if args.system not in TERAIO_SYSTEMS:  # teraio run sets the same cap itself (and a budget on CPU)
         metrics["gpu_mem_cap_bytes"] = apply_cap(args, device)
+    if args.deterministic:
+        from teraio.examples.train_gpt import make_deterministic
+
+        make_deterministic()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = not args.no_tf32
         torch.backends.cudnn.allow_tf32 = not args.no_tf32
@@ -446,7 +452,8 @@ def build_result(args, child, rc, tail, report_path=None):
     cfg, batch = model_config(args)
     metrics.pop("gpu_mem_cap_bytes", None)  # the parent's figure below is the one asked for
     config = {"preset": args.preset, **vars(cfg), "batch": batch, "params": count_params(cfg),
-              "dtype": args.dtype, "tf32": not args.no_tf32, "gpu_mem": args.gpu_mem,
+              "dtype": args.dtype, "tf32": not args.no_tf32, "deterministic": args.deterministic,
+              "gpu_mem": args.gpu_mem,
               "gpu_mem_cap_bytes": parse_size(args.gpu_mem) if args.gpu_mem else None, "warmup_steps": args.warmup,
               "measured_steps": args.steps, "seed": args.seed, "lr": args.lr, "lr_schedule": "constant",
               "clip": args.clip, "act_ckpt": args.act_ckpt or args.system == "checkpointing",

@@ -227,6 +227,15 @@ def peak_memory_text(device):
     return f"peak_host_rss_gib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}"
 
 
+def make_deterministic() -> None:
+    """Kernels that give the same bits run after run, so two runs can be compared exactly."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    for enable in (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
+                   torch.backends.cuda.enable_cudnn_sdp):
+        enable(False)  # their backward passes accumulate with atomics; the math path does not
+
+
 def main(argv=None):
     args = parse_args(argv)
     cfg = ModelConfig(args.layers, args.dim, args.heads, args.ffn, args.vocab, args.seq, args.tie_embeddings)
@@ -234,11 +243,7 @@ def main(argv=None):
         print(f"{count_params(cfg):,}")
         return
     if args.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        for enable in (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
-                       torch.backends.cuda.enable_cudnn_sdp):
-            enable(False)  # their backward passes accumulate with atomics; the math path does not
+        make_deterministic()
     device, rank, world = setup_device(args.device)
     torch.manual_seed(args.seed)
     model = build_model(cfg, device)
