@@ -4,7 +4,8 @@
 # for each share of its traced peak in $SHARES (default "50 75"), and run under that cap;
 # losses compared bit for bit. Results land flat in $OUT (at most 8 files come back).
 # Device tool: carry [".whl"], command `TERAIO_COMMIT=<sha> bash bench/gpu_teraio.sh`;
-# CHECK_PLAIN_TWICE=1 also checks that two plain runs agree (they do with --deterministic).
+# CHECK_PLAIN_TWICE=1 also checks that two plain runs agree (they do with --deterministic);
+# GPU_TESTS=1 first runs tests/test_gpu.py (pytest is on the machine).
 set -u
 OUT=${OUT:-/tmp/teraio-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_teraio.log") 2>&1
@@ -14,6 +15,9 @@ export PYTHONPATH=/tmp/site:$PWD
 echo "date $(date -u +%FT%TZ) commit ${TERAIO_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, kvikio, kvikio.defaults as d; print('torch', torch.__version__, 'kvikio', kvikio.__version__, 'compat', d.is_compat_mode_preferred())"
+if [[ -n ${GPU_TESTS:-} ]]; then  # the tests only a GPU can run (tests/test_gpu.py), about a minute
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15
+fi
 EX=teraio/examples/train_gpt.py
 ARGS="--preset 1b --autocast bf16 --deterministic --steps ${STEPS:-6} --log-every 1"
 SWAP=/tmp/teraio-swap
