@@ -19,6 +19,7 @@ Note [Stream ordering on CUDA]
   before the tensor is used (a real host wait, counted as a stall when not done in time).
 """
 
+import bisect
 import ctypes
 import os
 import shutil
@@ -126,18 +127,21 @@ class HostPool:
         return None
 
     def release(self, offset: int, nbytes: int) -> None:
+        """Return a slice, merged with free neighbours (O(log n) search, no re-sort: a plan
+        releases about a thousand slices per iteration)."""
         need = -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
         self.used -= need
-        self._free.append((offset, need))
-        self._free.sort()
-        merged = [self._free[0]]
-        for off, size in self._free[1:]:
-            last_off, last_size = merged[-1]
-            if last_off + last_size == off:
-                merged[-1] = (last_off, last_size + size)
-            else:
-                merged.append((off, size))
-        self._free = merged
+        free = self._free
+        i = bisect.bisect_left(free, (offset, 0))
+        end = offset + need
+        if i < len(free) and free[i][0] == end:  # merge with the next free slice
+            end += free[i][1]
+            del free[i]
+        if i > 0 and sum(free[i - 1]) == offset:  # and with the previous one
+            i -= 1
+            offset = free[i][0]
+            del free[i]
+        free.insert(i, (offset, end - offset))
 
     def slice(self, offset: int, nbytes: int) -> torch.Tensor:
         return self.buffer[offset:offset + nbytes]
