@@ -28,7 +28,7 @@ def run(*args):
 
 
 def test_default_output_names():
-    assert default_output(__import__("pathlib").Path("a/trace.rank1.msgpack")).name == "trace.rank1.plan.json"
+    assert default_output(__import__("pathlib").Path("a/trace.rank1.msgpack")).name == "trace.plan.rank1.json"
     assert default_output(__import__("pathlib").Path("t.msgpack")).name == "t.plan.json"
     assert default_output(__import__("pathlib").Path("t.bin")).name == "t.bin.plan.json"
 
@@ -48,8 +48,8 @@ def test_one_plan_per_rank_trace(tmp_path):
     res = run("plan", *paths, "--gpu-mem", budget_of(trace), "--json")
     assert res.exit_code == 0, res.output
     reports = json.loads(res.output)
-    assert [r["plan"] for r in reports] == [str(tmp_path / f"trace.rank{r}.plan.json") for r in range(2)]
-    assert all((tmp_path / f"trace.rank{r}.plan.json").exists() for r in range(2))
+    assert [r["plan"] for r in reports] == [str(tmp_path / f"trace.plan.rank{r}.json") for r in range(2)]
+    assert all((tmp_path / f"trace.plan.rank{r}.json").exists() for r in range(2))
 
 
 def test_json_summary_keys(tmp_path):

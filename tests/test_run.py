@@ -173,3 +173,19 @@ def test_planned_iterations_run_the_plan_without_evicting(work, tmp_path):
     assert len(planned) >= 3
     assert all(row.evictions == 0 and row.oom_retries == 0 for row in planned), rows
     assert all(row.planned_offloads > 0 and row.plan_ids_missing == 0 for row in planned), rows
+
+
+def test_rank_plans_written_by_teraio_plan_are_found_by_teraio_run(tmp_path):
+    """The documented multi-GPU flow with default names: profile -o t.msgpack, plan
+    t.rank*.msgpack, run --plan t.plan.json."""
+    args = ("--device", "cpu", "--steps", "6")
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", "torchrun", "--nproc-per-node", 2, EXAMPLE, *args,
+              cwd=tmp_path))
+    budget = peak_bytes(load_trace(tmp_path / "t.rank0.msgpack")) * 3 // 4
+    ok(teraio("plan", tmp_path / "t.rank0.msgpack", tmp_path / "t.rank1.msgpack", "--gpu-mem", budget,
+              "--ssds", 1, "--host-mem", budget, cwd=tmp_path))
+    ok(teraio("run", "--plan", tmp_path / "t.plan.json", "--report", tmp_path / "run.json", "--ssd-dir",
+              tmp_path / "ssd", "--", "torchrun", "--nproc-per-node", 2, EXAMPLE, *args, cwd=tmp_path))
+    for rank in (0, 1):
+        report = load_report(tmp_path / f"run.rank{rank}.json")
+        assert report.header.plan.endswith(f"t.plan.rank{rank}.json") and report.iterations_on_plan >= 1

@@ -22,15 +22,19 @@ console = Console(highlight=False)
 
 
 def default_output(trace_path: Path) -> Path:
-    """trace.msgpack -> trace.plan.json, trace.rank1.msgpack -> trace.rank1.plan.json."""
+    """trace.msgpack -> trace.plan.json, trace.rank1.msgpack -> trace.plan.rank1.json: the
+    name `teraio run --plan trace.plan.json` looks for on rank 1."""
     name = trace_path.name
     stem = name[: -len(".msgpack")] if name.endswith(".msgpack") else name
+    base, dot, rank = stem.rpartition(".")
+    if dot and rank.startswith("rank") and rank[4:].isdigit():
+        return trace_path.with_name(f"{base}.plan.{rank}.json")
     return trace_path.with_name(stem + ".plan.json")
 
 
 @click.command("plan")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Plan file (one trace only). [default: TRACE with .plan.json]")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Plan file (one trace only). [default: TRACE with .plan.json; NAME.rankN.msgpack -> NAME.plan.rankN.json]")
 @click.option("--gpu-mem", type=SIZE, default=None, help="Device memory budget. [default: the trace's device capacity; required for CPU traces]")
 @click.option("--ssds", "num_ssds", type=int, default=1, show_default=True, help="NVMe drives to stripe over (0 = host tier only).")
 @click.option("--ssd-read-gbps", type=float, default=DEFAULT_SSD_READ_GBPS, show_default=True, help="Read bandwidth of one SSD, GB/s.")
