@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 6 on nvidia-h200-x2, in ONE device call (<= 10 min): the 1B example (bf16 autocast,
+# fused AdamW, deterministic kernels, about 1B parameters per rank) under DDP on 2 GPUs: plain
+# and uncapped, profiled (one trace per rank), planned per rank at $SHARE% (default 50) of the
+# larger rank's traced peak, and run under that cap; losses compared bit for bit. Results land
+# flat in $OUT: per-rank trace stats, plans and reports, and the log.
+# Device tool: kind nvidia-h200-x2, carry [".whl"], command
+#   TERAIO_COMMIT=<sha> bash bench/gpu_ddp.sh
+set -u
+# NVLink multicast stays off (device/KINDS.md): it can take the shared host's GPUs down.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/teraio-ddp}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_ddp.log") 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $(ls .whl/*.whl | grep -v deepspeed) || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+echo "date $(date -u +%FT%TZ) commit ${TERAIO_COMMIT:-unknown}"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+EX=teraio/examples/train_gpt.py
+ARGS="--preset 1b --autocast bf16 --deterministic --steps ${STEPS:-6} --log-every 1"
+TR="torchrun --standalone --nproc-per-node 2"
+TMP=/tmp/teraio-ddp-work; mkdir -p $TMP
+step() { echo; echo "=== $1 ($(date -u +%T))"; }
+
+step "plain DDP, uncapped"
+timeout 180 $TR $EX $ARGS --losses-out $TMP/plain.json || exit 1
+step "profile, one trace per rank"
+timeout 240 python3 -m teraio profile -o $TMP/t.msgpack --warmup 2 --iterations 2 -- $TR $EX $ARGS || exit 1
+for r in 0 1; do
+  python3 -m teraio inspect $TMP/t.rank$r.msgpack --json > "$OUT/trace_stats.rank$r.json" || exit 1
+done
+python3 - $TMP/t.rank0.msgpack <<'PY'
+import collections, sys
+from teraio.formats.trace import load_trace
+t = load_trace(sys.argv[1])
+ops = collections.Counter(t.op_name(k) for k in range(t.num_kernels))
+print("collectives the walk saw per iteration (rank 0):", {n: c for n, c in ops.items() if n in ("allreduce_", "broadcast_", "_allgather_base_", "reduce_scatter_tensor_coalesced_")})
+PY
+PEAK=$(python3 -c "import json; print(max(json.load(open('$OUT/trace_stats.rank%d.json' % r))['peak_bytes'] for r in (0, 1)))")
+SHARE=${SHARE:-50}
+step "plan each rank at ${SHARE}% of the larger traced peak ($PEAK bytes)"
+python3 -m teraio plan $TMP/t.rank0.msgpack $TMP/t.rank1.msgpack --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 \
+    --ssd-read-gbps 0.65 --ssd-write-gbps 0.5 --host-mem ${HOST_MEM:-48GiB} --host-gbps 37 --pcie-gbps 55 \
+    --headroom 1GiB || exit 1
+cp $TMP/t.plan.rank0.json $TMP/t.plan.rank1.json "$OUT/"
+step "teraio run under the cap, 2 ranks"
+timeout ${RUN_TIMEOUT:-240} python3 -m teraio run --plan $TMP/t.plan.json --ssd-dir /tmp/teraio-swap \
+    --report "$OUT/run.json" -- $TR $EX $ARGS --losses-out $TMP/run.json
+step "twin-run check"
+python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); print('plain  ', a); print('teraio ', b)" $TMP/plain.json $TMP/run.json
+cmp $TMP/plain.json $TMP/run.json && echo "losses identical" || echo "LOSSES DIFFER"
