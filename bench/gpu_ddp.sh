@@ -11,13 +11,16 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/teraio-ddp}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_ddp.log") 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/*.whl | grep -v deepspeed) || exit 1
+if [[ -z ${SKIP_INSTALL:-} ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      $(ls .whl/*.whl | grep -v deepspeed) || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD
 echo "date $(date -u +%FT%TZ) commit ${TERAIO_COMMIT:-unknown}"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null
 EX=teraio/examples/train_gpt.py
-ARGS="--preset 1b --autocast bf16 --deterministic --steps ${STEPS:-6} --log-every 1"
+# MODEL_ARGS and SKIP_INSTALL exist for a CPU smoke test of this script (gloo, tiny preset).
+ARGS=${MODEL_ARGS:-"--preset 1b --autocast bf16 --deterministic --steps 6 --log-every 1"}
 TR="torchrun --standalone --nproc-per-node 2"
 TMP=/tmp/teraio-ddp-work; mkdir -p $TMP
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
@@ -41,7 +44,7 @@ SHARE=${SHARE:-50}
 step "plan each rank at ${SHARE}% of the larger traced peak ($PEAK bytes)"
 python3 -m teraio plan $TMP/t.rank0.msgpack $TMP/t.rank1.msgpack --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 \
     --ssd-read-gbps 0.65 --ssd-write-gbps 0.5 --host-mem ${HOST_MEM:-48GiB} --host-gbps 37 --pcie-gbps 55 \
-    --headroom 1GiB || exit 1
+    --headroom ${HEADROOM:-1GiB} || exit 1
 cp $TMP/t.plan.rank0.json $TMP/t.plan.rank1.json "$OUT/"
 step "teraio run under the cap, 2 ranks"
 timeout ${RUN_TIMEOUT:-240} python3 -m teraio run --plan $TMP/t.plan.json --ssd-dir /tmp/teraio-swap \
