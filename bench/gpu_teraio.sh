@@ -36,8 +36,9 @@ python3 -m teraio inspect "$TMP/trace_1b.msgpack" --json > "$OUT/trace_stats.jso
 PEAK=$(python3 -c "import json; print(json.load(open('$OUT/trace_stats.json'))['peak_bytes'])")
 for SHARE in ${SHARES:-50 75}; do
   step "plan at ${SHARE}% of the traced peak ($PEAK bytes)"
-  python3 -m teraio plan "$TMP/trace_1b.msgpack" --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 --ssd-read-gbps 1.7 \
-      --ssd-write-gbps 2.0 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 --headroom 1GiB -o "$OUT/plan_$SHARE.json" \
+  # SSD rates: what the swap files achieved through KvikIO compat mode here (bench/README.md)
+  python3 -m teraio plan "$TMP/trace_1b.msgpack" --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 --ssd-read-gbps 0.65 \
+      --ssd-write-gbps 0.5 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 --headroom 1GiB -o "$OUT/plan_$SHARE.json" \
       2>&1 | grep -E "entries|offloaded|iteration|stalls|peak|fit|teraio:"
   step "teraio run under the ${SHARE}% cap"
   timeout ${RUN_TIMEOUT:-150} python3 -m teraio run --plan "$OUT/plan_$SHARE.json" --ssd-dir $SWAP \
