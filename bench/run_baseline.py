@@ -11,9 +11,9 @@ checkpointing (torch.utils.checkpoint around every decoder layer), save_on_cpu
 (torch.autograd.graph.save_on_cpu, pinned on CUDA), and teraio_host / teraio_ssd / teraio_mixed:
 the ideal's training loop under `teraio run --plan PLAN` (the plan says which tiers it uses;
 the name says which the plan was made for). --profile-trace records the ideal's loop with
-`teraio profile` instead of measuring it, so plans come from the very loop they run. The model, data and optimizer come from
-teraio/examples/train_gpt.py; every system trains the same model, batch and seed, with a
-constant learning rate.
+`teraio profile` instead of measuring it, so plans come from the very loop they run. The
+model, data and optimizer come from teraio/examples/train_gpt.py; every system trains the
+same model, batch and seed, with a constant learning rate.
 
 The run happens in a child process under a timeout, so an out-of-memory error, a missing
 DeepSpeed build, a crash or a hang still yields a result with status "failed" and the error
@@ -419,14 +419,16 @@ def failed_without_result(rc, tail, timeout_s):
 
 
 def teraio_metrics(args, report_path):
-    """What the teraio run report and its plan say about the measured steps (issue 5's columns)."""
+    """(metrics, system config): what the teraio run report and its plan say about the
+    measured steps (issue 5's columns), and the planner inputs the run was planned with."""
     from teraio.formats.plan import load_plan
     from teraio.formats.report import load_report
 
     plan = load_plan(args.plan).header
     found = {"predicted_step_ms": plan.prediction.iteration_ms, "teraio": {"plan": plan.prediction.model_dump()}}
+    system_config = {"plan": Path(args.plan).name, "ssd_dir": args.ssd_dir, **plan.inputs.model_dump()}
     if not Path(report_path).exists():
-        return found
+        return found, system_config
     report = load_report(report_path)
     Path(report_path).unlink()
     measured = [row for row in report.per_iteration if args.warmup <= row.iteration < args.warmup + args.steps]
@@ -435,16 +437,15 @@ def teraio_metrics(args, report_path):
                             (("out", report.offloaded_bytes), ("in", report.prefetched_bytes))
                             for tier, n in by_tier.items()}
     found["teraio"].update(report.model_dump(mode="json", exclude={"header"}))
-    return found
+    return found, system_config
 
 
 def build_result(args, child, rc, tail, report_path=None):
     result = child or failed_without_result(rc, tail, args.timeout_s)
     metrics = result.pop("metrics", {}) or {}
     if args.system in TERAIO_SYSTEMS and not args.skip:
-        metrics.update(teraio_metrics(args, report_path))
-        result["system_config"] = {"plan": Path(args.plan).name, "ssd_dir": args.ssd_dir,
-                                   **json.loads(Path(args.plan).read_text())["header"]["inputs"]}
+        found, result["system_config"] = teraio_metrics(args, report_path)
+        metrics.update(found)
     env = result.pop("env", {}) or {}
     from teraio.examples.train_gpt import count_params
     from teraio.units import parse_size
