@@ -102,9 +102,9 @@ class _Owners:
 
 def cuda_allocated_bytes() -> int:
     """What torch.cuda.memory_allocated() returns, at a fraction of its cost: that call
-    flattens and sorts all ~120 allocator statistics into a new dict every time (140 us in
-    Python alone on the development box), and both agents ask once per op (4094 times per
-    iteration of the 3B benchmark). The nested dict is built in C++."""
+    flattens and sorts all ~120 allocator statistics into a new dict every time (140-160 us
+    in Python alone on the development box: bench/alloc_stats_cost.py), and both agents ask
+    once per op (4094 times per iteration of the 3B benchmark). The nested dict is built in C++."""
     return torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["current"]
 
 
