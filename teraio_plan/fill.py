@@ -15,6 +15,16 @@ Which periods first: the most over-budget time relieved per byte moved, computed
 sums (an upper bound, O(1) per period), checked against the current curve at pick time.
 Which tier: the faster path that still has room (on machines like the H200 the host link
 is 30x the disk; on real NVMe arrays the SSDs may be faster).
+
+Note [Late prefetches]
+When no idle period is left to take and the curve is still over budget, the excess is often
+made of prefetches the greedy pass started early: the stall-free ledger has them queue back
+in well before their use (the 3B trace at 1/4 of its peak: 33 GiB of weights and optimizer
+state must come back for a short optimizer phase, so they start arriving during gradient
+clipping, where every gradient is live). Starting such a prefetch after the over-budget
+kernel instead frees its bytes there; the copy then arrives late and the kernel that needs
+it waits, a stall the simulator predicts. At each over-budget kernel, in order, the
+prefetches with the most time left before their use are pushed back first.
 """
 
 import numpy as np
@@ -35,11 +45,9 @@ def fill_with_stalls(trace: Trace, inputs: PlannerInputs, result: PlannerResult)
     if len(memory) == 0 or memory.max() <= budget:
         return result
     pass_ = _Fill(trace, inputs, memory, result)
-    entries = pass_.run()
-    if not entries:
-        return result
+    entries = pass_.delay_prefetches(result.entries + pass_.run())
     return PlannerResult(
-        entries=result.entries + entries, memory_bytes=pass_.memory,
+        entries=entries, memory_bytes=pass_.memory,
         memory_before_bytes=result.memory_before_bytes,
         host_pool_bytes=max(result.host_pool_bytes, int(pass_.host_occupancy.max(initial=0))),
         ledgers=result.ledgers, capacity=result.capacity, link_bytes=result.link_bytes,
@@ -69,6 +77,28 @@ class _Fill:
             if entry is not None:
                 entries.append(entry)
         return entries
+
+    def delay_prefetches(self, entries: list[PlanEntry]) -> list[PlanEntry]:
+        """`entries` with prefetches started after the kernels still over budget (Note [Late prefetches])."""
+        budget, n = self.inputs.budget_bytes, self.num_k
+        if not entries or self.memory.max() <= budget:
+            return entries
+        nbytes = np.array([e.nbytes for e in entries], dtype=np.int64)
+        need = np.array([e.needed_by for e in entries], dtype=np.int64)
+        prefetch = np.array([e.prefetch_at for e in entries], dtype=np.int64)
+        lead = (need - prefetch) % n  # kernels from the prefetch to the use (1 .. n-1)
+        moved = np.zeros(len(entries), dtype=bool)
+        for k in np.flatnonzero(self.memory > budget):
+            into = (k - prefetch) % n  # k's place in each prefetch's lead; present at k if < lead - 1
+            candidates = np.flatnonzero(into < lead - 1)
+            for j in candidates[np.argsort(into[candidates] - lead[candidates], kind="stable")]:
+                if self.memory[k] <= budget:
+                    break
+                self.memory[(prefetch[j] + np.arange(into[j] + 1)) % n] -= nbytes[j]
+                prefetch[j], lead[j], moved[j] = (k + 1) % n, lead[j] - into[j] - 1, True
+        return [e.model_copy(update={"prefetch_at": int(prefetch[j]),
+                                     "reason": e.reason + "; prefetch started late to make the budget"})
+                if moved[j] else e for j, e in enumerate(entries)]
 
     def _candidates(self, periods) -> np.ndarray:
         """Periods not planned yet, by over-budget time in their window per byte (descending)."""

@@ -91,9 +91,9 @@ def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
                       progress: Callable[[float], None] | None = None) -> PlanOutcome:
     """Note [One tier when two do not fit]: the greedy planner is myopic about the SSD: a
     tensor it sends there comes back so slowly that its prefetch holds memory for long, and
-    the plan can end up over budget where a host-only plan is not (the 3B trace at 1/4 of
-    its peak with 72 GiB of host pool: 763 MiB over with both tiers, fits with the host
-    alone). So when a two-tier plan misses the budget, each tier alone is planned too and
+    the plan can end up further over budget than a one-tier plan (the 3B trace at 1/4 of
+    its peak with a 24 GiB host pool and the 1.7 GB/s disk: 7.6 GiB over with both tiers,
+    3.5 GiB with the disk alone). So when a two-tier plan misses the budget, each tier alone is planned too and
     the best plan kept: one that fits, else the smaller excess, then the faster."""
     check_budget(trace, inputs)
     outcome = _plan_with(trace, inputs, inputs, progress)

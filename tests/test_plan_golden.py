@@ -50,10 +50,31 @@ def test_two_tier_plan_falls_back_to_one_tier_when_it_misses_the_budget():
 
     trace = load_trace(Path(__file__).resolve().parents[1] / "traces" / "h200-3b-fp32.msgpack")
     inputs = planner_inputs(trace, gpu_mem_bytes=20878062208, num_ssds=1, ssd_read_gbps=1.7, ssd_write_gbps=2.0,
-                            host_mem_bytes=72 * 2**30, host_gbps=37, pcie_gbps=55, headroom_bytes=2**30)
+                            host_mem_bytes=24 * 2**30, host_gbps=37, pcie_gbps=55, headroom_bytes=2**30)
     both = _plan_with(trace, inputs, inputs)
     kept = make_plan_outcome(trace, inputs)
     assert not both.plan.header.prediction.fits
     assert _rank(kept) < _rank(both)
     assert kept.plan.header.prediction.max_excess_bytes < both.plan.header.prediction.max_excess_bytes
     assert kept.plan.header.inputs == inputs
+
+
+def test_late_prefetches_make_the_budget_where_early_ones_miss_it():
+    """Note [Late prefetches], on the recorded 3B trace at 1/4 of its peak, host pool only:
+    the weights and optimizer state queued back in during gradient clipping left the plan
+    444 MiB over there. Started later, the plan fits, the replay stays within the cap, and
+    each moved prefetch still comes after its offload and before its use."""
+    from teraio_plan.make import make_plan_outcome
+    from teraio_plan.simulator import _unroll
+
+    trace = load_trace(ROOT / "traces" / "h200-3b-fp32.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=20878062208, num_ssds=0, host_mem_bytes=72 * GiB,
+                            host_gbps=37, pcie_gbps=55, headroom_bytes=GiB)
+    outcome = make_plan_outcome(trace, inputs)
+    assert outcome.plan.header.prediction.fits
+    assert outcome.simulation.peak_bytes <= inputs.budget_bytes
+    late = [e for e in outcome.plan.entries if "prefetch started late" in e.reason]
+    assert late
+    for entry in late:
+        _, offload_by, prefetch_at, needed_by = _unroll(entry, trace.num_kernels)
+        assert offload_by < prefetch_at < needed_by, entry
