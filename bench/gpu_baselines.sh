@@ -9,7 +9,10 @@
 # Device tool: carry [".whl"], timeout_s 600, command:
 #   bash bench/gpu_baselines.sh              # ideal, ZeRO-Offload, checkpointing, save_on_cpu (+ extras)
 #   IDEAL_PEAK=<bytes> bash bench/gpu_baselines.sh infinity    # ZeRO-Infinity alone at 2x (slow disk)
-#   IDEAL_PEAK=<bytes> HOST_MEM=<size> bash bench/gpu_baselines.sh teraio   # teraio_mixed/host/ssd at 2x, 4x
+#   IDEAL_PEAK=<bytes> HOST_MEM=<size> bash bench/gpu_baselines.sh teraio   # teraio_host/mixed/ssd at 2x, 4x
+#   MODEL_ARGS="--preset 3b --dtype bf16" bash bench/gpu_baselines.sh pair  # ideal, teraio_host, ZeRO-Offload+ckpt at 2x
+# GPU_TESTS=1 (teraio, pair) first runs tests/test_gpu.py; PROFILE_RUN=1 (teraio) ends with a
+# cProfile'd teraio_host run at 2x ($OUT/cprofile_host_2x.txt: where the host time goes).
 # Then copy $OUT/baselines.jsonl into bench/results/ and run `python bench/report.py`.
 set -u
 START=$SECONDS
@@ -58,44 +61,84 @@ build_ops() {
         || echo "op build failed: the DeepSpeed runs will fail and say why"
 }
 
-if [[ $MODE == teraio ]]; then
-    # TeraIO on the same model, loop, caps and seed: profile the ideal loop once, plan per cap
-    # and tier set, run each plan. HOST_MEM is ZeRO-Offload's host footprint (teraio_mixed gets
-    # the same); teraio_host gets HOST_ONLY_MEM. SSD-only runs whose plan predicts more than
-    # SSD_MAX_STEP_S per step are written as skipped with the prediction (one 1.5 GB/s disk).
-    [[ -z ${IDEAL_PEAK:-} ]] && { echo "teraio mode needs IDEAL_PEAK (bytes, from the ideal run)"; exit 1; }
+# teraio_rows PEAK TIERS...: TeraIO on the same model, loop, caps and seed: profile the ideal
+# loop once, plan per cap (PEAK / each ratio in CAPS) and tier set, run each plan. HOST_MEM is
+# ZeRO-Offload's host footprint (teraio_mixed gets the same); teraio_host gets HOST_ONLY_MEM.
+# SSD-only runs whose plan predicts more than SSD_MAX_STEP_S per step are written as skipped
+# with the prediction (one 1.5 GB/s disk).
+teraio_rows() {
+    local peak=$1; shift
     TRACE=/tmp/teraio-3b.msgpack PLANS=/tmp/teraio-plans
     mkdir -p $PLANS
     echo; echo "=== profile the ideal loop"
-    timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || exit 1
+    timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || return 1
     python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats.json"
     cp $TRACE "$OUT/"   # for replanning here
     # The SSD rates are what teraio's swap files achieved through KvikIO compat mode on this
     # machine (report achieved_gbps, 2026-11-29: s2d 0.59-0.73, d2s 0.44-0.53 GB/s), not dd's.
     LINK=(--ssd-read-gbps ${SSD_READ_GBPS:-0.65} --ssd-write-gbps ${SSD_WRITE_GBPS:-0.5} --host-gbps ${HOST_GBPS:-37}
           --pcie-gbps 55 --headroom ${HEADROOM:-1GiB})
-    for tiers in "mixed --ssds 1 --host-mem ${HOST_MEM:-48GiB}" "host --ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}" \
-                 "ssd --ssds 1 --host-mem 0"; do
-        read -r -a T <<< "$tiers"
+    declare -A TIER_ARGS=([host]="--ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}"
+                          [mixed]="--ssds 1 --host-mem ${HOST_MEM:-48GiB}" [ssd]="--ssds 1 --host-mem 0")
+    local tier ratio
+    for tier in "$@"; do
+        read -r -a T <<< "${TIER_ARGS[$tier]}"
         for ratio in ${CAPS:-2 4}; do   # CAPS: which ratios (ideal peak / cap) to run
-            set -- $((IDEAL_PEAK / ratio)) "$ratio"
-            label="cap 1/$2 of ideal peak"
-            plan="$PLANS/plan_${T[0]}_$2x.json"
-            python3 -m teraio plan $TRACE --gpu-mem "$1" "${T[@]:1}" "${LINK[@]}" -o "$plan" --json > /tmp/plan.out 2>&1 \
-                || { python3 bench/run_baseline.py --system "teraio_${T[0]}" "${MODEL[@]}" --gpu-mem "$1" \
-                         --label "$label" --out "$RES" --skip "teraio plan failed: $(tail -1 /tmp/plan.out)"; continue; }
-            tar -czf "$OUT/plans.tgz" -C $PLANS .   # at most 8 files come back: the plans travel as one
-            python3 -c "import json; p = json.load(open('$plan'))['header']['prediction']; print('$plan', {k: p[k] for k in \
-                ('iteration_ms', 'ideal_iteration_ms', 'stall_ms', 'fits', 'peak_bytes', 'offload_bytes_by_tier')})"
-            step_s=$(python3 -c "import json; print(int(json.load(open('$plan'))['header']['prediction']['iteration_ms'] / 1e3))")
-            if [[ ${T[0]} == ssd ]] && (( step_s > ${SSD_MAX_STEP_S:-20} )); then
-                python3 bench/run_baseline.py --system teraio_ssd "${MODEL[@]}" --gpu-mem "$1" --label "$label" \
-                    --plan "$plan" --out "$RES" --skip "not run: its plan predicts ${step_s} s per step (one 1.5 GB/s disk)"
-                continue
-            fi
-            run "teraio_${T[0]}" 200 --gpu-mem "$1" --label "$label" --plan "$plan"
+            teraio_row "$tier" $((peak / ratio)) "cap 1/$ratio of ideal peak" "$PLANS/plan_${tier}_${ratio}x.json"
         done
     done
+}
+# teraio_row TIER CAP LABEL PLAN (tier options in T): plan, then run or say why not.
+teraio_row() {
+    local tier=$1 cap=$2 label=$3 plan=$4
+    python3 -m teraio plan $TRACE --gpu-mem "$cap" "${T[@]}" "${LINK[@]}" -o "$plan" --json > /tmp/plan.out 2>&1 \
+        || { python3 bench/run_baseline.py --system "teraio_$tier" "${MODEL[@]}" --gpu-mem "$cap" \
+                 --label "$label" --out "$RES" --skip "teraio plan failed: $(tail -1 /tmp/plan.out)"; return; }
+    tar -czf "$OUT/plans.tgz" -C $PLANS .   # at most 8 files come back: the plans travel as one
+    python3 -c "import json; p = json.load(open('$plan'))['header']['prediction']; print('$plan', {k: p[k] for k in \
+        ('iteration_ms', 'ideal_iteration_ms', 'stall_ms', 'fits', 'peak_bytes', 'offload_bytes_by_tier')})"
+    local step_s
+    step_s=$(python3 -c "import json; print(int(json.load(open('$plan'))['header']['prediction']['iteration_ms'] / 1e3))")
+    if [[ $tier == ssd ]] && (( step_s > ${SSD_MAX_STEP_S:-20} )); then
+        python3 bench/run_baseline.py --system teraio_ssd "${MODEL[@]}" --gpu-mem "$cap" --label "$label" \
+            --plan "$plan" --out "$RES" --skip "not run: its plan predicts ${step_s} s per step (one 1.5 GB/s disk)"
+        return
+    fi
+    run "teraio_$tier" 200 --gpu-mem "$cap" --label "$label" --plan "$plan"
+}
+# One teraio_host run at 1/2 under cProfile (not a table row): where the host time goes.
+profile_host_run() {
+    (( $(left) < 120 )) && { echo "no time left for the cProfile run"; return; }
+    echo; echo "=== teraio_host at 1/2 under cProfile"
+    timeout $(( $(left) - 15 )) python3 bench/run_baseline.py --system teraio_host "${MODEL[@]}" --gpu-mem $(($1 / 2)) \
+        --plan "$PLANS/plan_host_2x.json" --cprofile /tmp/host_2x.prof --out "$OUT/profiled.jsonl" || return
+    python3 -c "import pstats, sys; s = pstats.Stats('/tmp/host_2x.prof', stream=sys.stdout); \
+        s.sort_stats('tottime').print_stats(40); s.sort_stats('cumtime').print_stats(40)" > "$OUT/cprofile_host_2x.txt"
+}
+gpu_tests() {  # tests/test_gpu.py (pytest is on the machine), about a minute
+    echo; echo "=== tests/test_gpu.py"
+    timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -25
+}
+
+if [[ $MODE == teraio ]]; then
+    [[ -z ${IDEAL_PEAK:-} ]] && { echo "teraio mode needs IDEAL_PEAK (bytes, from the ideal run)"; exit 1; }
+    [[ -n ${GPU_TESTS:-} ]] && gpu_tests
+    teraio_rows "$IDEAL_PEAK" host mixed ssd || exit 1
+    [[ -n ${PROFILE_RUN:-} ]] && profile_host_run "$IDEAL_PEAK"
+    echo "done at $((SECONDS - START)) s"
+    exit 0
+fi
+
+if [[ $MODE == pair ]]; then
+    # A second configuration (say bf16 autocast: MODEL_ARGS="--preset 3b --dtype bf16 ..."):
+    # its ideal, then ZeRO-Offload with checkpointing and teraio_host at 1/2 of its peak.
+    [[ -n ${GPU_TESTS:-} ]] && gpu_tests
+    run ideal 150
+    PEAK=$(ideal_peak)
+    [[ -z $PEAK ]] && { echo "no ideal run succeeded: no cap to derive"; exit 1; }
+    CAPS=2 teraio_rows "$PEAK" host || exit 1
+    build_ops CPUAdamBuilder
+    run zero_offload 180 --act-ckpt --gpu-mem $((PEAK / 2)) --label "cap 1/2 of ideal peak"
     echo "done at $((SECONDS - START)) s"
     exit 0
 fi

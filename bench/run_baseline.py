@@ -70,6 +70,9 @@ def parse_args(argv=None):
     p.add_argument("--profile-trace", metavar="TRACE",
                    help="ideal only: write a teraio trace of this loop (2 profiled iterations after --warmup); "
                         "no result is written")
+    p.add_argument("--cprofile", metavar="STATS",
+                   help="run the child under cProfile and write its stats here (slows Python code: "
+                        "the result is for finding host time, not for the table)")
     p.add_argument("--skip", metavar="REASON", help="write a 'skipped' result with this reason, run nothing")
     p.add_argument("--label", help="free text kept in the result, e.g. 'cap 1/2 of ideal'")
     p.add_argument("--timeout-s", type=float, default=600, help="the child run is killed after this")
@@ -82,6 +85,8 @@ def parse_args(argv=None):
         p.error(f"{args.system} needs --gpu-mem")
     if (args.system in TERAIO_SYSTEMS) != bool(args.plan) and not args.skip:
         p.error("--plan goes with, and only with, the teraio_* systems")
+    if args.plan and not args.skip and not Path(args.plan).is_file():
+        p.error(f"--plan {args.plan} does not exist: make it with `teraio plan`")
     if args.profile_trace and args.system != "ideal":
         p.error("--profile-trace records the ideal loop: use it with --system ideal")
     if not args.out and not args.profile_trace and not args.child:
@@ -385,7 +390,8 @@ def run_supervised(argv, args):
     fd, result_path = tempfile.mkstemp(suffix=".json", prefix="bench-")
     os.close(fd)
     report_path = result_path.replace(".json", ".report.json")
-    cmd = [*teraio_wrapper(args, report_path), sys.executable, str(Path(__file__).resolve()), *argv,
+    python = [sys.executable, *(["-m", "cProfile", "-o", args.cprofile] if args.cprofile else [])]
+    cmd = [*teraio_wrapper(args, report_path), *python, str(Path(__file__).resolve()), *argv,
            "--child", result_path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                PYTHONUNBUFFERED="1")
