@@ -11,8 +11,9 @@
 #   IDEAL_PEAK=<bytes> bash bench/gpu_baselines.sh infinity    # ZeRO-Infinity alone at 2x (slow disk)
 #   IDEAL_PEAK=<bytes> HOST_MEM=<size> bash bench/gpu_baselines.sh teraio   # teraio_host/mixed/ssd at 2x, 4x
 #   MODEL_ARGS="--preset 3b --dtype bf16" bash bench/gpu_baselines.sh pair  # ideal, teraio_host, ZeRO-Offload+ckpt at 2x
-# GPU_TESTS=1 (teraio, pair) first runs tests/test_gpu.py; PROFILE_RUN=1 (teraio) ends with a
-# cProfile'd teraio_host run at 2x ($OUT/cprofile_host_2x.txt: where the host time goes).
+# CAPS="2 4" and TIERS="host mixed ssd" (teraio) pick the rows. GPU_TESTS=1 (teraio, pair)
+# first runs tests/test_gpu.py; PROFILE_RUN=1 (teraio) ends with a cProfile'd teraio_host run
+# at 2x ($OUT/cprofile_host_2x.txt: where the host time goes).
 # Then copy $OUT/baselines.jsonl into bench/results/ and run `python bench/report.py`.
 set -u
 START=$SECONDS
@@ -29,6 +30,10 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/to
 export TERAIO_COMMIT=${TERAIO_COMMIT:-unknown}
 echo "date $(date -u +%FT%TZ) mode $MODE commit $TERAIO_COMMIT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+# DeepSpeed 0.19.8's JIT builder cannot parse arch names like the image's "9.0a" (async_io
+# failed to build on 2026-11-29): name the device's own compute capability instead.
+TORCH_CUDA_ARCH_LIST=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null) \
+    && export TORCH_CUDA_ARCH_LIST || unset TORCH_CUDA_ARCH_LIST
 # MODEL_ARGS / IDEAL_PEAK / SKIP_INSTALL exist for a CPU smoke test of this script's flow.
 read -r -a MODEL <<< "${MODEL_ARGS:---preset 3b --dtype fp32 --warmup 3 --steps 10}"
 
@@ -123,7 +128,7 @@ gpu_tests() {  # tests/test_gpu.py (pytest is on the machine), about a minute
 if [[ $MODE == teraio ]]; then
     [[ -z ${IDEAL_PEAK:-} ]] && { echo "teraio mode needs IDEAL_PEAK (bytes, from the ideal run)"; exit 1; }
     [[ -n ${GPU_TESTS:-} ]] && gpu_tests
-    teraio_rows "$IDEAL_PEAK" host mixed ssd || exit 1
+    teraio_rows "$IDEAL_PEAK" ${TIERS:-host mixed ssd} || exit 1
     [[ -n ${PROFILE_RUN:-} ]] && profile_host_run "$IDEAL_PEAK"
     echo "done at $((SECONDS - START)) s"
     exit 0

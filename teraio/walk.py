@@ -33,6 +33,7 @@ chunking depends only on tensor sizes), and a plan can bring one chunk's states 
 previous chunk runs.
 """
 
+import itertools
 import zlib
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -198,6 +199,8 @@ class OpWalk(TorchDispatchMode):
         self.module_names: dict[int, str] = {}
         self.occurrences: dict[tuple, int] = {}
         self.in_optimizer = False
+        # id(optimizer) -> (state entries, tensors in the newest) at the last look
+        self._state_marks: dict[int, tuple[int, int]] = {}
         self._handles = []
         # Tensor.is_cuda / is_cpu are cheaper than building a torch.device per tensor per op.
         self._on_device = (lambda t: t.is_cuda) if device_type == "cuda" else (lambda t: t.is_cpu)
@@ -259,6 +262,24 @@ class OpWalk(TorchDispatchMode):
         self.refresh_owners()
         self.end_iteration()
 
+    def _name_new_optimizer_state(self) -> None:
+        """Inside a step: name optimizer state as the step creates it. The first step of
+        AdamW makes two tensors per parameter (21.7 GiB for the 3B example) before its update
+        kernels run; unnamed until the step ends, they would be storages the runtime may not
+        evict, and a budget below them could not be kept. State entries are added in order,
+        each just before its tensors: a new entry, or new tensors in the newest, are what need
+        naming (from the newest entry seen before on)."""
+        for optimizer in self.optimizers:
+            state = optimizer.state
+            mark = (len(state), len(next(reversed(state.values()))) if state else 0)
+            seen = self._state_marks.get(id(optimizer), (0, 0))
+            if mark == seen:
+                continue
+            self._state_marks[id(optimizer)] = mark
+            start = max(seen[0] - 1, 0) if mark[0] >= seen[0] else 0  # fewer: the state was replaced
+            for param, entry in itertools.islice(state.items(), start, None):
+                self._own_state(param, entry)
+
     def refresh_owners(self) -> None:
         """Name gradients and optimizer state through the optimizers (Note [Tensor identity])."""
         by_key = self.owners.by_key
@@ -268,13 +289,17 @@ class OpWalk(TorchDispatchMode):
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     name = self.owners.param_name.get(id(param))
-                    if name is None:
-                        continue
-                    if param.grad is not None:
+                    if name is not None and param.grad is not None:
                         self._own(param.grad, f"{name}.grad", Kind.gradient)
-                    for key, value in optimizer.state.get(param, {}).items():
-                        if isinstance(value, torch.Tensor):
-                            self._own(value, f"{name}:{key}", Kind.optimizer_state)
+                    self._own_state(param, optimizer.state.get(param, {}))
+
+    def _own_state(self, param, state: dict) -> None:
+        name = self.owners.param_name.get(id(param))
+        if name is None:
+            return
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                self._own(value, f"{name}:{key}", Kind.optimizer_state)
 
     def _own(self, tensor: torch.Tensor, tensor_id: str, kind: Kind) -> None:
         if tensor.device.type != self.device_type:
@@ -318,6 +343,8 @@ class OpWalk(TorchDispatchMode):
         t0 = perf_counter()
         k = self.kernel
         self.kernel += 1
+        if self.in_optimizer:
+            self._name_new_optimizer_state()
         inputs = self._records_of(tensors_in(kwargs, tensors_in(args, [])), func, "in")
         if func.namespace == "c10d":
             self._pin(inputs)

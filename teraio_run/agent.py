@@ -22,7 +22,7 @@ from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind
 from teraio.units import format_bytes
-from teraio.walk import OpWalk, WalkListener, activate, cuda_allocated_bytes
+from teraio.walk import OOM_RETRIES, OpWalk, WalkListener, activate, cuda_allocated_bytes
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
@@ -76,11 +76,14 @@ class RunAgent(WalkListener):
             if record.key not in self.engine.moved:
                 continue
             self._grew = True
-            try:
-                self.engine.ensure_resident(record, cause)
-            except torch.OutOfMemoryError:
-                self.relieve_memory(inputs, attempt=1)  # this op needs it: make room, then once more
-                self.engine.ensure_resident(record, cause)
+            for attempt in range(OOM_RETRIES + 1):
+                try:
+                    self.engine.ensure_resident(record, cause)
+                    break
+                except torch.OutOfMemoryError:  # this op needs it: relieve as for an op, retry
+                    if attempt == OOM_RETRIES:
+                        raise
+                    self.relieve_memory(inputs, attempt)
 
     def _start_prefetches(self, k: int) -> None:
         for entry in self.prefetches_at.get(k, ()):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from teraio import walk as walk_module
+from teraio.formats.trace import Kind
 from teraio.walk import OpWalk, WalkListener
 
 
@@ -55,3 +56,37 @@ def test_multi_tensor_ops_run_in_chunks_and_train_exactly(monkeypatch, optimizer
     assert per_step >= 6  # 12 parameters (6 weights, 6 biases): chunked, not one kernel
     step_inputs = [n for op, n in zip(log.ops, log.inputs) if op == step_op]
     assert max(step_inputs) <= 2 * chunk_bytes  # no kernel needs the whole optimizer state
+
+
+class StepInputKinds(WalkListener):
+    """(storage key, kind) of every input of the multi-tensor ops inside optimizer steps."""
+
+    def __init__(self):
+        self.walk = None
+        self.seen = []
+
+    def before_op(self, k, func, inputs):
+        if self.walk.in_optimizer and walk_module.is_multi_tensor(func):
+            self.seen += [(r.key, r.kind) for r in inputs]
+
+
+@pytest.mark.parametrize("optimizer_kwargs", [{"fused": True}, {"foreach": True}], ids=["fused", "foreach"])
+def test_first_step_names_optimizer_state_before_its_update_kernels(optimizer_kwargs):
+    """The runtime may only evict named storages: AdamW's state, made by the first step, must
+    be known as optimizer state by the time that step's update kernels read it, not only after
+    the step (a budget smaller than the state could not be kept in iteration 0 otherwise)."""
+    log = StepInputKinds()
+    walk = log.walk = OpWalk(log, "cpu")
+    walk.install_hooks()
+    model = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(4)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **optimizer_kwargs)
+    try:
+        with walk:
+            model(torch.randn(8, 32)).square().mean().backward()
+            optimizer.step()
+    finally:
+        walk.remove_hooks()
+    state_keys = {value.untyped_storage()._cdata for state in optimizer.state.values()
+                  for key, value in state.items() if key in ("exp_avg", "exp_avg_sq")}
+    kinds = {kind for key, kind in log.seen if key in state_keys}
+    assert len(state_keys) == 16 and kinds == {Kind.optimizer_state}
