@@ -23,6 +23,7 @@ KNOWN_VERSIONS = (1,)
 EXPECTED_SYSTEMS = ("teraio_mixed", "teraio_host", "teraio_ssd", "zero_offload", "zero_infinity",
                     "checkpointing", "save_on_cpu", "plain_capped")
 GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype", "deterministic")
+GROUP_DEFAULTS = {"deterministic": False}  # results written before the key existed
 MACHINE_NOTE = (
     "Machine: one NVIDIA H200 (about 139 GiB usable) on PCIe Gen5 x16, 16 cores, 128 GB RAM. "
     "Pinned host<->device copies run at about 55 GB/s each way alone (37 GB/s both ways at once); "
@@ -55,7 +56,7 @@ def load_results(folder):
 
 def group_key(result):
     config = result.get("config", {})
-    return tuple(config.get(k) for k in GROUP_KEYS)
+    return tuple(config.get(k, GROUP_DEFAULTS.get(k)) for k in GROUP_KEYS)
 
 
 def cap_of(result):
@@ -156,8 +157,8 @@ def group_table(results):
 
 def teraio_details(chosen, caps, ideal):
     """Where a teraio run's time went: the plan's prediction (the simulator replaying the trace
-    with the plan at the given bandwidths) and its roofline (the trace's kernel time: unlimited
-    bandwidth) against the measured step, stalls, traffic and the host time in the walk."""
+    with the plan at the given bandwidths) and the trace's kernel time alone (unlimited
+    bandwidth, no host time) against the measured step, stalls, traffic and the host time in the walk."""
     rows = [(system, cap, chosen[(system, cap)]) for cap in caps for system in EXPECTED_SYSTEMS[:3]
             if (system, cap) in chosen and chosen[(system, cap)]["status"] == "ok"
             and chosen[(system, cap)]["metrics"].get("teraio")]
@@ -165,7 +166,7 @@ def teraio_details(chosen, caps, ideal):
         return []
     ideal_peak = ideal and ideal["metrics"].get("peak_device_bytes")
     lines = ["TeraIO runs in detail (measured iterations: those after warm-up; stalls by cause over the whole run):", "",
-             "| System | Ratio | Step ms measured | Predicted | Roofline | Stall ms/step | Stalls by cause (run) "
+             "| System | Ratio | Step ms measured | Predicted | Kernels alone | Stall ms/step | Stalls by cause (run) "
              "| Moved out GB/step | Achieved GB/s | Walk+agent host ms/step | Evictions on plan | Iterations on plan |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, cap, r in rows:
