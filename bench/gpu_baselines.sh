@@ -159,8 +159,11 @@ if [[ $MODE == infinity ]]; then
     [[ -z $PEAK ]] && { echo "no ideal peak: cannot derive the cap"; exit 1; }
     build_ops AsyncIOBuilder CPUAdamBuilder
     # One disk at ~1.5 GB/s moves ~46 GB of states each way per step: few steps, or no result.
-    MODEL+=(--warmup 1 --steps 2)
-    run zero_infinity 420 --gpu-mem $((PEAK / 2)) --label "cap 1/2 of ideal peak" --nvme-dir /tmp/ds_nvme
+    # ACT_CKPT=1: with per-layer checkpointing (without it the activations alone overflow the
+    # 1/2 cap: out of memory in the first step, 2026-11-29).
+    MODEL+=(--warmup 1 --steps ${INFINITY_STEPS:-2})
+    run zero_infinity 480 ${ACT_CKPT:+--act-ckpt} --gpu-mem $((PEAK / 2)) --label "cap 1/2 of ideal peak" \
+        --nvme-dir /tmp/ds_nvme
     rm -rf /tmp/ds_nvme
     exit 0
 fi

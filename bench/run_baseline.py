@@ -318,7 +318,8 @@ def run_child(args):
     try:
         train(args, info, metrics)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result row
-        traceback.print_exc()  # the whole story for the log; the result keeps one line
+        if not isinstance(exc, SystemExit):  # teraio profile ends the script so when done
+            traceback.print_exc()  # the whole story for the log; the result keeps one line
         first_line = (str(exc).strip().splitlines() or [""])[0]
         result.update(status="failed", error=f"{type(exc).__name__}: {first_line}"[:500],
                       failed_at=info["phase"])
