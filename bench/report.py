@@ -97,7 +97,8 @@ def status_text(r):
         return "ok"
     where = f" ({r.get('failed_at')})" if r.get("failed_at") else ""
     error = short_error(r.get("error")).replace("|", "\\|")
-    return f"**{r['status']}**{where}: {error}"
+    commit = (r.get("env", {}).get("git_commit") or "")[:7]  # a failure may be fixed since
+    return f"**{r['status']}**{where}{' at ' + commit if commit else ''}: {error}"
 
 
 def row_for(system, cap, r, ideal):
