@@ -151,11 +151,16 @@ def ds_config(args, batch, max_numel):
                 "contiguous_gradients": True, "overlap_comm": True,
                 "reduce_bucket_size": int(2e8), "allgather_bucket_size": int(2e8)}
         return {**common, "zero_optimization": zero}
+    # The parameters ZeRO-3 keeps live (max_live, max_reuse) must fit in the NVMe swap buffers
+    # (buffer_count x buffer_size elements) with room for the prefetch: with the common
+    # 5 x 1e8 against 1e9 live, the 3B run died in its second step with "Not enough buffers
+    # 0 for swapping 1" (2026-11-29; DeepSpeed issue 3062).
     nvme = {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True}
-    zero = {"stage": 3, "offload_param": {**nvme, "buffer_count": 5, "buffer_size": int(max(1e8, max_numel))},
+    buffer_numel = int(max(1e8, max_numel))
+    zero = {"stage": 3, "offload_param": {**nvme, "buffer_count": 8, "buffer_size": buffer_numel},
             "offload_optimizer": {**nvme, "buffer_count": 4}, "sub_group_size": int(1e8),
             "stage3_prefetch_bucket_size": int(5e7), "stage3_param_persistence_threshold": int(1e5),
-            "stage3_max_live_parameters": int(1e9), "stage3_max_reuse_distance": int(1e9)}
+            "stage3_max_live_parameters": 5 * buffer_numel, "stage3_max_reuse_distance": 5 * buffer_numel}
     aio = {"block_size": 1 << 20, "queue_depth": 8, "thread_count": 1, "single_submit": False,
            "overlap_events": True}
     return {**common, "zero_optimization": zero, "aio": aio}
