@@ -27,6 +27,11 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         out.print(f"  last planned iteration: {format_ms(last.ms)}, of which host time in the walk and agent "
                   f"{format_ms(last.walk_ms)} (stalls {format_ms(last.stall_ms)}), inside ops "
                   f"{format_ms(last.op_launch_ms)}")
+    spilled = sum(row.other_tier_bytes for row in r.per_iteration)
+    if spilled:
+        peak = max(row.host_pool_peak_bytes for row in r.per_iteration)
+        out.print(f"  [yellow]{format_bytes(spilled)} went to the other tier[/]: the host pool (peak "
+                  f"{format_bytes(peak)}) had no room; plan with a larger --host-mem")
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "

@@ -229,6 +229,14 @@ class RunAgent(WalkListener):
                 if record is not None and self._movable(record, Kind[entry.kind]):
                     self.engine.offload(record, entry.tier)
 
+    def _host_pool_peak(self) -> int:
+        """The most the host pool held during this iteration (then the count starts over)."""
+        host = self.engine.tiers["host"]
+        if host is None:
+            return 0
+        peak, host.pool.peak_used = host.pool.peak_used, host.pool.used
+        return peak
+
     def _log_iteration(self, iteration: int, num_kernels: int) -> None:
         """One row per iteration for the report: where time and traffic went, and whether
         the plan was followed (what tells a plan problem from a runtime one)."""
@@ -236,10 +244,11 @@ class RunAgent(WalkListener):
         totals = {"evictions": stats.evictions, "oom_retries": stats.oom_retries,
                   "stall_ms": sum(stats.stall_ms.values()),
                   "offloaded_bytes": sum(stats.offloaded_bytes.values()),
+                  "other_tier_bytes": stats.other_tier_bytes,
                   "walk_ms": self.walk.host_s["walk"] * 1e3, "op_launch_ms": self.walk.host_s["ops"] * 1e3}
         row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
         row.update(self.counts, iteration=iteration, followed_plan=self.following, kernels=num_kernels,
-                   ms=(self.iteration_s[-1]) * 1e3)
+                   ms=(self.iteration_s[-1]) * 1e3, host_pool_peak_bytes=self._host_pool_peak())
         self.per_iteration.append(row)
         self._last_totals = totals
         self.counts = dict.fromkeys(self.counts, 0)

@@ -49,6 +49,7 @@ class Stats:
     skipped: int = 0
     evictions: int = 0
     oom_retries: int = 0
+    other_tier_bytes: int = 0  # offloads placed on the other tier: the host pool had no room
 
     def stall(self, cause: str, tensor_id: str, seconds: float) -> None:
         self.stall_count += 1
@@ -180,6 +181,8 @@ class MigrationEngine:
                 continue
             slot = tier.pool.alloc(nbytes) if tier.name == "host" else tier.new_slot()
             if slot is not None:
+                if tier.name != tier_name:
+                    self.stats.other_tier_bytes += nbytes
                 return tier, slot
         return None
 

@@ -116,6 +116,7 @@ class HostPool:
             _pin_exactly(self.buffer)
         self._free = [(0, nbytes)] if nbytes else []  # (offset, size), sorted by offset
         self.used = 0
+        self.peak_used = 0  # the most held at once since the run report's last look
 
     def alloc(self, nbytes: int) -> int | None:
         need = -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
@@ -123,6 +124,7 @@ class HostPool:
             if size >= need:
                 self._free[i:i + 1] = [(offset + need, size - need)] if size > need else []
                 self.used += need
+                self.peak_used = max(self.peak_used, self.used)
                 return offset
         return None
 

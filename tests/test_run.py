@@ -80,6 +80,24 @@ def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path)
     assert report.guard_trips <= 1  # the checkpoint at step 4 adds ops to one iteration
 
 
+def test_host_pool_too_small_for_the_plan_spills_to_the_disk_and_says_so(work, tmp_path):
+    """Offloads the pool has no room for go to the SSD tier: training is unchanged, and the
+    report counts the spilled bytes per iteration and the pool's peak."""
+    trace = load_trace(work / "trace.msgpack")
+    plan = every_period_plan(trace, peak_bytes(trace) // 2, tiers=("host",))
+    pool_bytes = max(e.nbytes for e in plan.entries) * 2
+    header = plan.header.model_copy(update={
+        "inputs": plan.header.inputs.model_copy(update={"host_mem_bytes": pool_bytes}),
+        "prediction": plan.header.prediction.model_copy(update={"host_pool_bytes": pool_bytes})})
+    save_plan(plan.model_copy(update={"header": header}), tmp_path / "plan.json")
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert_twin(work, tmp_path)
+    spilled = sum(row.other_tier_bytes for row in report.per_iteration)
+    assert spilled > 0 and report.offloaded_bytes["ssd"] >= spilled
+    assert 0 < max(row.host_pool_peak_bytes for row in report.per_iteration) <= pool_bytes
+    assert "went to the other tier" in proc.stderr
+
+
 def test_planner_plan_at_half_the_peak_trains_identically_within_budget(work, tmp_path):
     trace = load_trace(work / "trace.msgpack")
     budget = peak_bytes(trace) // 2
