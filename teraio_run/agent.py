@@ -304,8 +304,9 @@ def start(settings):
     agent, context = build_agent(settings, plan, plan_path)
     activate(agent.walk)
     install_exit_handlers(agent, context)
+    pinned = f" (pinned in {context.pool_pin_s:.1f} s)" if agent.cuda and context.pool_bytes else ""
     print(f"teraio: rank {settings.rank} follows {plan_path.name} ({len(plan.entries)} entries) on "
           f"{agent.walk.device_type}, budget {format_bytes(agent.budget_bytes)}, host pool "
-          f"{format_bytes(context.pool_bytes)}, swap I/O {context.io_backend} in {len(context.run_dirs)} folder(s)",
+          f"{format_bytes(context.pool_bytes)}{pinned}, swap I/O {context.io_backend} in {len(context.run_dirs)} folder(s)",
           file=sys.stderr)
     return agent

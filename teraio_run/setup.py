@@ -5,6 +5,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +15,12 @@ import torch
 from teraio.errors import PlanMismatchError, UsageError
 from teraio.formats.plan import Plan, load_plan
 from teraio.settings import Settings, rank_path
+from teraio.units import format_bytes
 from teraio_run.engine import MigrationEngine
 from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
 
 IO_THREADS = 8
+PIN_NOTICE_BYTES = 8 << 30  # say so before pinning a pool this large: it takes seconds
 
 
 @dataclass
@@ -28,6 +31,7 @@ class RunContext:
     io_backend: str
     threads: ThreadPoolExecutor
     pool_bytes: int
+    pool_pin_s: float  # page-locking a large pool takes a while (24 s for 72 GiB on the H200)
 
 
 def plan_for_rank(settings: Settings) -> tuple[Plan, Path]:
@@ -69,10 +73,16 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     # The pool is what the user allowed (--host-mem), not just what the plan uses: unplanned
     # stretches (iteration 0, drift) evict into it at PCIe speed instead of SSD speed.
     inputs = plan.header.inputs
-    pool = HostPool(max(plan.header.prediction.host_pool_bytes, inputs.host_mem_bytes), pin=cuda)
+    pool_bytes = max(plan.header.prediction.host_pool_bytes, inputs.host_mem_bytes)
+    if cuda and pool_bytes >= PIN_NOTICE_BYTES:
+        print(f"teraio: page-locking the {format_bytes(pool_bytes)} host pool (24 s for 72 GiB on an H200 host)...",
+              file=sys.stderr)
+    t0 = time.perf_counter()
+    pool = HostPool(pool_bytes, pin=cuda)
+    pool_pin_s = time.perf_counter() - t0
     engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda)
     agent = RunAgent(plan, engine, device_type, budget, strict=settings.strict)
-    return agent, RunContext(settings, plan_path, run_dirs, files.name, threads, pool.capacity)
+    return agent, RunContext(settings, plan_path, run_dirs, files.name, threads, pool.capacity, pool_pin_s)
 
 
 def _cap_device_memory(cap_bytes: int) -> None:
