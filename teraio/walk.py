@@ -271,7 +271,8 @@ class OpWalk(TorchDispatchMode):
         naming (from the newest entry seen before on)."""
         for optimizer in self.optimizers:
             state = optimizer.state
-            mark = (len(state), len(next(reversed(state.values()))) if state else 0)
+            newest = next(reversed(state.values())) if state else {}
+            mark = (len(state), len(newest) if isinstance(newest, dict) else 0)
             seen = self._state_marks.get(id(optimizer), (0, 0))
             if mark == seen:
                 continue
@@ -293,9 +294,9 @@ class OpWalk(TorchDispatchMode):
                         self._own(param.grad, f"{name}.grad", Kind.gradient)
                     self._own_state(param, optimizer.state.get(param, {}))
 
-    def _own_state(self, param, state: dict) -> None:
+    def _own_state(self, param, state) -> None:
         name = self.owners.param_name.get(id(param))
-        if name is None:
+        if name is None or not isinstance(state, dict):  # a custom optimizer's own layout
             return
         for key, value in state.items():
             if isinstance(value, torch.Tensor):

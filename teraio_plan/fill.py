@@ -87,7 +87,7 @@ class _Fill:
         need = np.array([e.needed_by for e in entries], dtype=np.int64)
         prefetch = np.array([e.prefetch_at for e in entries], dtype=np.int64)
         lead = (need - prefetch) % n  # kernels from the prefetch to the use (1 .. n-1)
-        moved = np.zeros(len(entries), dtype=bool)
+        late = np.zeros(len(entries), dtype=bool)
         for k in np.flatnonzero(self.memory > budget):
             into = (k - prefetch) % n  # k's place in each prefetch's lead; present at k if < lead - 1
             candidates = np.flatnonzero(into < lead - 1)
@@ -95,10 +95,10 @@ class _Fill:
                 if self.memory[k] <= budget:
                     break
                 self.memory[(prefetch[j] + np.arange(into[j] + 1)) % n] -= nbytes[j]
-                prefetch[j], lead[j], moved[j] = (k + 1) % n, lead[j] - into[j] - 1, True
+                prefetch[j], lead[j], late[j] = (k + 1) % n, lead[j] - into[j] - 1, True
         return [e.model_copy(update={"prefetch_at": int(prefetch[j]),
                                      "reason": e.reason + "; prefetch started late to make the budget"})
-                if moved[j] else e for j, e in enumerate(entries)]
+                if late[j] else e for j, e in enumerate(entries)]
 
     def _candidates(self, periods) -> np.ndarray:
         """Periods not planned yet, by over-budget time in their window per byte (descending)."""
