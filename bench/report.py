@@ -168,8 +168,9 @@ def teraio_details(chosen, caps, ideal):
     ideal_peak = ideal and ideal["metrics"].get("peak_device_bytes")
     lines = ["TeraIO runs in detail (measured iterations: those after warm-up; stalls by cause over the whole run):", "",
              "| System | Ratio | Step ms measured | Predicted | Kernels alone | Stall ms/step | Stalls by cause (run) "
-             "| Moved out GB/step | Achieved GB/s | Walk+agent host ms/step | Evictions on plan | Iterations on plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Moved out GB/step | Achieved GB/s | Copy busy ms/step | Walk+agent host ms/step | Evictions on plan "
+             "| Iterations on plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, cap, r in rows:
         m, t = r["metrics"], r["metrics"]["teraio"]
         warmup = r["config"]["warmup_steps"]
@@ -181,9 +182,11 @@ def teraio_details(chosen, caps, ideal):
 
         causes = ", ".join(f"{cause} {ms:.0f}" for cause, ms in sorted(t.get("stall_ms_by_cause", {}).items())) or "none"
         gbps = ", ".join(f"{path} {v:.1f}" for path, v in sorted(t.get("achieved_gbps", {}).items())) or "–"
+        # Copies' busy time summed over the paths: at the step time, the links bound the step.
+        busy = f"{mean('copy_busy_ms'):.0f}" if measured and "copy_busy_ms" in measured[0] else "–"
         lines.append(f"| {system} | {ratio_text(cap, ideal_peak)} | {m['step_ms_median']:.0f} | "
                      f"{t['plan']['iteration_ms']:.0f} | {t['plan']['ideal_iteration_ms']:.0f} | {m['stall_ms'] or 0:.0f} "
-                     f"| {causes} | {mean('offloaded_bytes') / 1e9:.1f} | {gbps} | {mean('walk_ms'):.0f} "
+                     f"| {causes} | {mean('offloaded_bytes') / 1e9:.1f} | {gbps} | {busy} | {mean('walk_ms'):.0f} "
                      f"| {sum(row['evictions'] for row in planned)} | {t['iterations_on_plan']} of {t['iterations']} |")
     return lines + [""]
 

@@ -245,6 +245,7 @@ class RunAgent(WalkListener):
                   "stall_ms": sum(stats.stall_ms.values()),
                   "offloaded_bytes": sum(stats.offloaded_bytes.values()),
                   "other_tier_bytes": stats.other_tier_bytes,
+                  "copy_busy_ms": sum(self.engine.meter.busy_s.values()) * 1e3,
                   "walk_ms": self.walk.host_s["walk"] * 1e3, "op_launch_ms": self.walk.host_s["ops"] * 1e3}
         row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
         row.update(self.counts, iteration=iteration, followed_plan=self.following, kernels=num_kernels,

@@ -46,7 +46,8 @@ def build_report(agent, context) -> RunReport:
         predicted_iteration_ms=predicted,
         measured_iteration_ms=round(float(measured), 3),
         kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,
-        per_iteration=[{**row, **{key: round(row[key], 3) for key in ("ms", "stall_ms", "walk_ms", "op_launch_ms")}}
+        per_iteration=[{**row, **{key: round(row[key], 3)
+                                  for key in ("ms", "stall_ms", "walk_ms", "op_launch_ms", "copy_busy_ms")}}
                        for row in agent.per_iteration],
     )
 

@@ -77,6 +77,8 @@ def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path)
     assert report.offloaded_bytes["host"] > 0 and report.offloaded_bytes["ssd"] > 0
     assert report.prefetched_bytes["ssd"] > 0 and report.io_backend == "posix"
     assert all(report.achieved_gbps.get(path, 0) > 0 for path in ("d2h", "h2d", "d2s", "s2d"))
+    planned = [row for row in report.per_iteration if row.followed_plan]
+    assert all(0 < row.copy_busy_ms for row in planned)  # what tells a link-bound iteration
     assert report.guard_trips <= 1  # the checkpoint at step 4 adds ops to one iteration
 
 
