@@ -152,7 +152,8 @@ def group_table(results):
             share = (r["metrics"]["tokens_per_s"] / ideal["metrics"]["tokens_per_s"]
                      if r and r["status"] == "ok" and ideal else None)
             points.append((ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes")), system, share))
-    lines += [""] + speedups(chosen, caps, ideal) + teraio_details(chosen, caps, ideal) + provenance(chosen)
+    lines += ([""] + speedups(chosen, caps, ideal) + link_bounds(chosen, caps, ideal)
+              + teraio_details(chosen, caps, ideal) + provenance(chosen))
     return lines, points
 
 
@@ -205,6 +206,29 @@ def speedups(chosen, caps, ideal):
                 lines.append(f"- At {ratio}: {system} is {x:.2f}x {rival}.")
             else:
                 lines.append(f"- At {ratio}: {system} ran; {rival} did not, so it has no speed-up figure.")
+    return lines + ([""] if lines else [])
+
+
+def link_bounds(chosen, caps, ideal):
+    """What the host link alone allows: at the ideal's peak at least (peak - cap) bytes must be
+    off the device, and they go out and come back every step. At the best one-way rate teraio's
+    copies reached, that bounds any system that computes on the GPU (one that computes on the
+    CPU, like ZeRO-Offload's optimizer, moves fewer bytes; copies that overlap in the two
+    directions can beat the one-way rate somewhat)."""
+    peak = ideal and ideal["metrics"].get("peak_device_bytes")
+    rates = [gbps for r in chosen.values() if r["status"] == "ok"
+             for path, gbps in r["metrics"].get("teraio", {}).get("achieved_gbps", {}).items() if path in ("d2h", "h2d")]
+    if not peak or not rates:
+        return []
+    gbps, ideal_ms = max(rates), ideal["metrics"]["step_ms_median"]
+    lines = []
+    for cap in (cap for cap in caps if cap < peak):
+        link_ms = 2 * (peak - cap) / (gbps * 1e9) * 1e3
+        lines.append(f"- At {ratio_text(cap, peak)}: at least {2 * (peak - cap) / 1e9:.1f} GB cross the host link "
+                     f"per step (the ideal's peak above the cap, out and back), {link_ms:.0f} ms at the "
+                     f"{gbps:.1f} GB/s teraio's copies reached one way: about {ideal_ms / max(link_ms, ideal_ms):.0%} "
+                     "of ideal at best for a system that computes on the GPU (copies that overlap in the two "
+                     "directions do a little better).")
     return lines + ([""] if lines else [])
 
 

@@ -138,3 +138,20 @@ def test_teraio_row_trains_exactly_and_reports_its_io(results, tmp_path):
     assert m["bytes_moved"]["out_host"] + m["bytes_moved"]["out_ssd"] > 0 and m["stall_ms"] is not None
     assert m["predicted_step_ms"] > 0 and r["config"]["system_config"]["budget_bytes"] == 6 * 2**20
     assert not any((tmp_path / "swap").iterdir())  # the run's swap folder is gone
+
+
+def test_report_states_what_the_host_link_allows():
+    """At each ratio the report says how much must cross the host link per step (the ideal's
+    peak above the cap, out and back) and what share of ideal that leaves at the measured rate."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(BENCH))
+    ideal = {"status": "ok", "metrics": {"peak_device_bytes": 100e9, "step_ms_median": 500.0}}
+    teraio = {"status": "ok", "metrics": {"teraio": {"achieved_gbps": {"d2h": 50.0, "h2d": 40.0, "d2s": 1.0}}}}
+    chosen = {("ideal", None): ideal, ("teraio_host", 50e9): teraio}
+    lines = report.link_bounds(chosen, [50e9, 25e9], ideal)
+    assert "at least 100.0 GB" in lines[0] and "2000 ms at the 50.0 GB/s" in lines[0] and "about 25% " in lines[0]
+    assert "at least 150.0 GB" in lines[1] and "about 17% " in lines[1]
+    assert report.link_bounds({("ideal", None): ideal}, [50e9], ideal) == []  # no measured rate: no claim
