@@ -26,7 +26,7 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         last = planned[-1]
         out.print(f"  last planned iteration: {format_ms(last.ms)}, of which host time in the walk and agent "
                   f"{format_ms(last.walk_ms)} (stalls {format_ms(last.stall_ms)}), inside ops "
-                  f"{format_ms(last.op_launch_ms)}")
+                  f"{format_ms(last.op_launch_ms)}; copies kept the links busy {format_ms(last.copy_busy_ms)}")
     spilled = sum(row.other_tier_bytes for row in r.per_iteration)
     if spilled:
         peak = max(row.host_pool_peak_bytes for row in r.per_iteration)

@@ -71,8 +71,9 @@ def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path)
     plan = every_period_plan(trace, budget_bytes=peak_bytes(trace) // 2)
     assert {e.kind for e in plan.entries} == {"parameter", "gradient", "optimizer_state", "activation"}
     save_plan(plan, tmp_path / "plan.json")
-    _, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
     assert_twin(work, tmp_path)
+    assert "copies kept the links busy" in proc.stderr  # the summary says what bounds an iteration
     assert report.iterations == 7 and report.iterations_on_plan >= 3
     assert report.offloaded_bytes["host"] > 0 and report.offloaded_bytes["ssd"] > 0
     assert report.prefetched_bytes["ssd"] > 0 and report.io_backend == "posix"
