@@ -156,7 +156,10 @@ class RunAgent(WalkListener):
             # side-stream copy still reads (record_stream); until that copy is done the block
             # still counts against the cap (Note [Out of memory]).
             return cuda_allocated_bytes()
-        live = sum(r.nbytes for r in self.walk.records.values() if not r.ref.expired())
+        # Straight to the C check: StorageWeakRef.expired() goes through two Python layers,
+        # and this sum runs after most ops of a CPU rehearsal.
+        expired = torch.UntypedStorage._expired
+        live = sum(r.nbytes for r in self.walk.records.values() if not expired(r.ref.cdata))
         return live - self.engine.offloaded_now
 
     def _keep_budget(self, in_use) -> None:
