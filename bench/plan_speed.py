@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from teraio.formats.trace import Trace, load_trace  # noqa: E402
 from teraio_plan import planner_inputs, simulate  # noqa: E402
-from teraio_plan.make import assemble_plan, check_budget  # noqa: E402
+from teraio_plan.make import assemble_plan, check_budget, make_plan_outcome  # noqa: E402
 from teraio_plan.memory import memory_curve  # noqa: E402
 from teraio_plan.planner import plan_entries  # noqa: E402
 from teraio_plan.periods import find_periods  # noqa: E402
@@ -90,7 +90,7 @@ def _tensor_copy(trace: Trace, where: np.ndarray, n: int, new_n: int):
     return born, freed, uses
 
 
-def bench(trace: Trace, budget_share: float, host_share: float) -> dict:
+def bench(trace: Trace, budget_share: float, host_share: float, full: bool) -> dict:
     peak = int(memory_curve(trace, 0).max())
     inputs = planner_inputs(trace, gpu_mem_bytes=int(budget_share * peak), num_ssds=4,
                             host_mem_bytes=int(host_share * peak))
@@ -101,8 +101,12 @@ def bench(trace: Trace, budget_share: float, host_share: float) -> dict:
     plan = assemble_plan(trace, inputs, result, None)
     sim = simulate(trace, plan)
     t2 = time.perf_counter()
+    if full:  # what `teraio plan` runs: greedy, fill pass, tier fallback, replay
+        make_plan_outcome(trace, inputs)
+    t3 = time.perf_counter()
     return dict(kernels=trace.num_kernels, tensors=trace.num_tensors, periods=len(find_periods(trace)),
                 entries=len(plan.entries), evaluations=result.evaluations, plan_s=t1 - t0, simulate_s=t2 - t1,
+                full_s=t3 - t2 if full else None,
                 peak_gib=peak / 2**30, planned_peak_gib=result.memory_bytes.max() / 2**30,
                 budget_gib=inputs.budget_bytes / 2**30, share_of_ideal=sim.share_of_ideal)
 
@@ -113,16 +117,20 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, nargs="+", default=[50_000, 250_000])
     parser.add_argument("--budget-share", type=float, default=0.8, help="budget as a share of the peak")
     parser.add_argument("--host-share", type=float, default=0.1, help="host pool as a share of the peak")
+    parser.add_argument("--full", action="store_true",
+                        help="also time the whole of `teraio plan` (fill pass for budgets the greedy cannot make, "
+                             "one-tier fallback, replay)")
     args = parser.parse_args()
     base = load_trace(args.trace)
     print(f"base {args.trace}: {base.num_kernels} kernels, {base.num_tensors} tensors")
     for target in args.kernels:
         times = max(1, round(target / base.num_kernels))
-        r = bench(deeper(base, times), args.budget_share, args.host_share)
+        r = bench(deeper(base, times), args.budget_share, args.host_share, args.full)
         print(f"x{times}: {r['kernels']} kernels, {r['tensors']} tensors, {r['periods']} periods -> "
               f"{r['entries']} entries ({r['evaluations']} evaluations); plan {r['plan_s']:.2f} s, "
               f"simulate {r['simulate_s']:.2f} s; peak {r['peak_gib']:.1f} GiB -> {r['planned_peak_gib']:.1f} "
-              f"GiB for budget {r['budget_gib']:.1f} GiB; {r['share_of_ideal']:.1%} of ideal", flush=True)
+              f"GiB for budget {r['budget_gib']:.1f} GiB; {r['share_of_ideal']:.1%} of ideal"
+              + (f"; whole plan command {r['full_s']:.1f} s" if args.full else ""), flush=True)
 
 
 if __name__ == "__main__":
