@@ -70,8 +70,8 @@ class _Fill:
         periods = find_periods(self.trace, self.prefix_us)
         order = self._candidates(periods)
         entries = []
-        # Kept up to date by _try over each pick's window only: a max() over the whole curve
-        # per candidate made the pass O(candidates x kernels), 15 s at 50k kernels.
+        # Kept up to date by _try over each pick's window, not by a max() over the whole
+        # curve per candidate.
         self.over_kernels = int((self.memory > self.inputs.budget_bytes).sum())
         for i in order:
             if self.over_kernels == 0:
@@ -97,7 +97,8 @@ class _Fill:
             for j in candidates[np.argsort(into[candidates] - lead[candidates], kind="stable")]:
                 if self.memory[k] <= budget:
                     break
-                self.memory[(prefetch[j] + np.arange(into[j] + 1)) % n] -= nbytes[j]
+                for a, b in self._spans(int(prefetch[j]), int(prefetch[j] + into[j] + 1)):
+                    self.memory[a:b] -= nbytes[j]
                 prefetch[j], lead[j], late[j] = (k + 1) % n, lead[j] - into[j] - 1, True
         return [e.model_copy(update={"prefetch_at": int(prefetch[j]),
                                      "reason": e.reason + "; prefetch started late to make the budget"})
