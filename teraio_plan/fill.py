@@ -91,15 +91,25 @@ class _Fill:
         prefetch = np.array([e.prefetch_at for e in entries], dtype=np.int64)
         lead = (need - prefetch) % n  # kernels from the prefetch to the use (1 .. n-1)
         late = np.zeros(len(entries), dtype=bool)
+        # A prefetch pushed at kernel k frees its bytes over [its old start, k]. Kernels before k
+        # are decided already, so that part waits in a difference array; only a range that wraps
+        # the iteration reaches kernels still ahead, and those are lowered at once.
+        freed = np.zeros(n + 1, dtype=np.int64)
         for k in np.flatnonzero(self.memory > budget):
+            excess = int(self.memory[k]) - budget
+            if excess <= 0:
+                continue
             into = (k - prefetch) % n  # k's place in each prefetch's lead; present at k if < lead - 1
             candidates = np.flatnonzero(into < lead - 1)
-            for j in candidates[np.argsort(into[candidates] - lead[candidates], kind="stable")]:
-                if self.memory[k] <= budget:
-                    break
-                for a, b in self._spans(int(prefetch[j]), int(prefetch[j] + into[j] + 1)):
-                    self.memory[a:b] -= nbytes[j]
-                prefetch[j], lead[j], late[j] = (k + 1) % n, lead[j] - into[j] - 1, True
+            order = candidates[np.argsort(into[candidates] - lead[candidates], kind="stable")]
+            pushed = order[:int(np.searchsorted(np.cumsum(nbytes[order]), excess)) + 1]  # most lead left first
+            self.memory[k] -= nbytes[pushed].sum()
+            for j in pushed[prefetch[pushed] > k]:  # wraps: [old start, n) is still ahead
+                self.memory[prefetch[j]:] -= nbytes[j]
+            np.add.at(freed, np.where(prefetch[pushed] > k, 0, prefetch[pushed]), nbytes[pushed])
+            freed[k] -= nbytes[pushed].sum()
+            prefetch[pushed], lead[pushed], late[pushed] = (k + 1) % n, lead[pushed] - into[pushed] - 1, True
+        self.memory -= np.cumsum(freed)[:n]
         return [e.model_copy(update={"prefetch_at": int(prefetch[j]),
                                      "reason": e.reason + "; prefetch started late to make the budget"})
                 if late[j] else e for j, e in enumerate(entries)]
