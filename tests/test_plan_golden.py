@@ -65,7 +65,8 @@ def test_late_prefetches_make_the_budget_where_early_ones_miss_it():
     444 MiB over there. Started later, the plan fits, the replay stays within the cap, and
     each moved prefetch still comes after its offload and before its use."""
     from teraio_plan.make import make_plan_outcome
-    from teraio_plan.simulator import _unroll
+    from teraio_plan.memory import memory_curve
+    from teraio_plan.simulator import _unroll, planned_memory
 
     trace = load_trace(ROOT / "traces" / "h200-3b-fp32.msgpack")
     inputs = planner_inputs(trace, gpu_mem_bytes=20878062208, num_ssds=0, host_mem_bytes=72 * GiB,
@@ -75,6 +76,9 @@ def test_late_prefetches_make_the_budget_where_early_ones_miss_it():
     assert outcome.simulation.peak_bytes <= inputs.budget_bytes
     late = [e for e in outcome.plan.entries if "prefetch started late" in e.reason]
     assert late
+    # the curve the planner claims is exactly what its entries imply
+    implied = planned_memory(memory_curve(trace, inputs.headroom_bytes), outcome.plan)
+    assert (implied == outcome.planner.memory_bytes).all()
     for entry in late:
         _, offload_by, prefetch_at, needed_by = _unroll(entry, trace.num_kernels)
         assert offload_by < prefetch_at < needed_by, entry
