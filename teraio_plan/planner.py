@@ -21,7 +21,7 @@ import numpy as np
 from teraio.formats.plan import PlanEntry, PlannerInputs
 from teraio.formats.trace import Kind, Trace
 from teraio_plan import ledger
-from teraio_plan.bandwidth import IN_PATH, OUT_PATH, TIERS, Rates, rates
+from teraio_plan.bandwidth import IN_PATH, OUT_PATH, TIERS, rates
 
 DIRECTIONS = (("out", OUT_PATH), ("in", IN_PATH))
 from teraio_plan.memory import memory_curve

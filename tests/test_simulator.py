@@ -1,6 +1,5 @@
 """The simulator, and properties every emitted plan must have (hypothesis)."""
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
