@@ -92,7 +92,7 @@ class WalkListener:
 
 @dataclass
 class _Owners:
-    """Storage key -> (id, kind) for what the model and optimizers own."""
+    """What the model and optimizers own, by storage key."""
 
     # storage key -> (id, kind, weak ref). The weak ref keeps a dead owner's key from being
     # reused by an unrelated new storage (which would inherit its name) until the entry is
