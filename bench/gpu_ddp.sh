@@ -20,7 +20,7 @@ echo "date $(date -u +%FT%TZ) commit ${TERAIO_COMMIT:-unknown}"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null
 EX=teraio/examples/train_gpt.py
 # MODEL_ARGS and SKIP_INSTALL exist for a CPU smoke test of this script (gloo, tiny preset).
-ARGS=${MODEL_ARGS:-"--preset 1b --autocast bf16 --deterministic --steps 6 --log-every 1"}
+ARGS=${MODEL_ARGS:-"--preset 1b --autocast bf16 --deterministic --steps 10 --log-every 1"}
 TR="torchrun --standalone --nproc-per-node 2"
 TMP=/tmp/teraio-ddp-work; mkdir -p $TMP
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
