@@ -38,6 +38,8 @@ class RunAgent(WalkListener):
         self.cuda = device_type == "cuda"
         self.budget_bytes = budget_bytes
         self.walk = OpWalk(self, device_type)
+        # the GPU capped and holding the copy streams (the bootstrap picked it from LOCAL_RANK)
+        self.device_index = torch.cuda.current_device() if self.cuda else None
         self.offloads_after, self.prefetches_at = _index_actions(plan)
         self.num_kernels = plan.header.trace.num_kernels
         self.following = False
@@ -56,6 +58,10 @@ class RunAgent(WalkListener):
         self.per_iteration: list[dict] = []
         self._grew = False  # a prefetch or restore since the last budget check
         self._last_totals: dict = {}
+
+    @property
+    def device_name(self) -> str:
+        return f"cuda:{self.device_index}" if self.cuda else self.walk.device_type
 
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
@@ -203,6 +209,8 @@ class RunAgent(WalkListener):
         self.iteration_s.append(now - self._t_iter)
         self._t_iter = now
         self._log_iteration(iteration, num_kernels)
+        if iteration == 0:
+            self._check_device()
         digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
         matched = digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels
         if self.following and matched:
@@ -273,6 +281,18 @@ class RunAgent(WalkListener):
             raise PlanMismatchError(reason)
         self._trip(reason)
 
+    def _check_device(self) -> None:
+        """A job that computes on another GPU than the one set up would run uncapped, its
+        copies ordered on its compute stream and timed on an idle one."""
+        if not self.cuda or torch.cuda.current_device() == self.device_index:
+            return
+        reason = (f"the job computes on cuda:{torch.cuda.current_device()} but teraio capped and set up copies "
+                  f"on cuda:{self.device_index}: run one process per GPU with LOCAL_RANK naming its GPU, "
+                  "or give each process its GPU alone with CUDA_VISIBLE_DEVICES")
+        if self.strict:
+            raise PlanMismatchError(reason)
+        print(f"teraio: warning: {reason}", file=sys.stderr)
+
     def _trip(self, reason: str) -> None:
         """Stop following the plan for the rest of this iteration (Note [When the plan is followed])."""
         self.following = False
@@ -310,7 +330,7 @@ def start(settings):
     install_exit_handlers(agent, context)
     pinned = f" (pinned in {context.pool_pin_s:.1f} s)" if agent.cuda and context.pool_bytes else ""
     print(f"teraio: rank {settings.rank} follows {plan_path.name} ({len(plan.entries)} entries) on "
-          f"{agent.walk.device_type}, budget {format_bytes(agent.budget_bytes)}, host pool "
+          f"{agent.device_name}, budget {format_bytes(agent.budget_bytes)}, host pool "
           f"{format_bytes(context.pool_bytes)}{pinned}, swap I/O {context.io_backend} in {len(context.run_dirs)} folder(s)",
           file=sys.stderr)
     return agent

@@ -21,7 +21,7 @@ def build_report(agent, context) -> RunReport:
         header=ReportHeader(
             producer=Producer(teraio=__version__, torch=torch.__version__, cuda=torch.version.cuda),
             command=s.command, rank=s.rank, world_size=s.world_size,
-            device=agent.walk.device_type, plan=str(context.plan_path),
+            device=agent.device_name, plan=str(context.plan_path),
             plan_op_digest=plan.header.trace.op_digest),
         iterations=len(agent.iteration_s),
         iterations_on_plan=agent.iterations_on_plan,

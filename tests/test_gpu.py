@@ -58,3 +58,26 @@ def test_every_idle_period_through_both_tiers_trains_identically_on_cuda(tmp_pat
     report = load_report(tmp_path / "run.json")
     assert report.iterations_on_plan >= 2 and report.io_errors == 0
     assert report.offloaded_bytes["host"] > 0 and report.offloaded_bytes["ssd"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_each_rank_is_capped_and_copies_on_its_own_gpu(tmp_path, monkeypatch):
+    """torchrun starts every worker on cuda:0 and the script moves to its GPU later: rank 1 must
+    still be capped on cuda:1 and time its copies there (they read 10,000 GB/s when timed on cuda:0)."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", EXAMPLE, *ARGS)
+    for multicast_off in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        monkeypatch.setenv(multicast_off, "0" if multicast_off == "NCCL_NVLS_ENABLE" else "1")
+    run(*torchrun, "--losses-out", tmp_path / "plain.json", cwd=tmp_path)
+    run("-m", "teraio", "profile", "-o", tmp_path / "t.msgpack", "--", sys.executable, *torchrun, cwd=tmp_path)
+    for rank in (0, 1):
+        trace = load_trace(tmp_path / f"t.rank{rank}.msgpack")
+        budget = int(live_bytes_per_kernel(trace).max()) // 2
+        save_plan(every_period_plan(trace, budget_bytes=budget, tiers=("host",)), tmp_path / f"plan.rank{rank}.json")
+    run("-m", "teraio", "run", "--plan", tmp_path / "plan.json", "--gpu-mem", "8GiB", "--report", tmp_path / "run.json",
+        "--ssd-dir", tmp_path / "ssd", "--", sys.executable, *torchrun, "--losses-out", tmp_path / "run_losses.json",
+        cwd=tmp_path)
+    assert losses(tmp_path / "run_losses.json") == losses(tmp_path / "plain.json")
+    for rank in (0, 1):
+        report = load_report(tmp_path / f"run.rank{rank}.json")
+        assert report.header.device == f"cuda:{rank}"
+        assert 0 < report.achieved_gbps["d2h"] < 200  # PCIe Gen5 x16 is 64 GB/s

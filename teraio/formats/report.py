@@ -20,7 +20,7 @@ class ReportHeader(Strict):
     command: list[str]
     rank: int
     world_size: int
-    device: str
+    device: str  # where the cap and the copy streams were set up: "cuda:1", "cpu"
     plan: str
     plan_op_digest: str
 
