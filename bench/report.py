@@ -90,7 +90,11 @@ def short_error(error):
     return error or "unknown error"
 
 
-def status_text(r):
+def status_text(r, looser=None):
+    """`looser` is the same system's result at a larger cap, which explains a run never made."""
+    if r is None and looser is not None and "out of device memory" in short_error(looser.get("error")):
+        commit = (looser.get("env", {}).get("git_commit") or "")[:7]
+        return f"**not run**: out of device memory at a larger cap already (at {commit})"
     if r is None:
         return "**missing**: no result"
     if r["status"] == "ok":
@@ -101,7 +105,7 @@ def status_text(r):
     return f"**{r['status']}**{where}{' at ' + commit if commit else ''}: {error}"
 
 
-def row_for(system, cap, r, ideal):
+def row_for(system, cap, r, ideal, looser=None):
     ideal_peak = ideal["metrics"].get("peak_device_bytes") if ideal else None
     m = r.get("metrics", {}) if r else {}
     ok = r is not None and r["status"] == "ok"
@@ -115,7 +119,7 @@ def row_for(system, cap, r, ideal):
     if m.get("stall_ms") is not None:
         extra.append(f"stalls {m['stall_ms']:.0f} ms")
     return (f"| {system} | {ratio_text(cap, ideal_peak)} | {share} | {f'{tok_s:,.0f}' if tok_s else '–'} | {step} "
-            f"| {peak} | {gib(m.get('host_rss_peak_bytes'))} | {'; '.join(extra) or '–'} | {status_text(r)} |")
+            f"| {peak} | {gib(m.get('host_rss_peak_bytes'))} | {'; '.join(extra) or '–'} | {status_text(r, looser)} |")
 
 
 def group_title(results):
@@ -148,7 +152,8 @@ def group_table(results):
         systems = list(EXPECTED_SYSTEMS) + sorted({s for (s, c) in chosen if c == cap} - set(EXPECTED_SYSTEMS))
         for system in systems:
             r = chosen.get((system, cap))
-            lines.append(row_for(system, cap, r, ideal))
+            looser = next((chosen[(system, c)] for c in caps if c > cap and (system, c) in chosen), None)
+            lines.append(row_for(system, cap, r, ideal, looser))
             share = (r["metrics"]["tokens_per_s"] / ideal["metrics"]["tokens_per_s"]
                      if r and r["status"] == "ok" and ideal else None)
             points.append((ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes")), system, share))
@@ -193,19 +198,23 @@ def teraio_details(chosen, caps, ideal):
 
 
 def speedups(chosen, caps, ideal):
+    """One line per TeraIO system and ratio: its speed-up over every ZeRO variant that ran."""
     lines = []
     for cap, system in ((cap, system) for cap in caps for system in ("teraio_mixed", "teraio_host")):
         ours = chosen.get((system, cap))
         if not ours or ours["status"] != "ok":
             continue
         ratio = ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes"))
-        for rival in ("zero_offload", "zero_offload+ckpt", "zero_infinity"):
-            theirs = chosen.get((rival, cap))
-            if theirs and theirs["status"] == "ok":
-                x = ours["metrics"]["tokens_per_s"] / theirs["metrics"]["tokens_per_s"]
-                lines.append(f"- At {ratio}: {system} is {x:.2f}x {rival}.")
-            else:
-                lines.append(f"- At {ratio}: {system} ran; {rival} did not, so it has no speed-up figure.")
+        rivals = sorted({s for (s, c) in chosen if c == cap and s.startswith("zero_")} | {"zero_offload", "zero_infinity"})
+        ran = [r for r in rivals if chosen.get((r, cap)) and chosen[(r, cap)]["status"] == "ok"]
+        figures = [f"{ours['metrics']['tokens_per_s'] / chosen[(r, cap)]['metrics']['tokens_per_s']:.2f}x {r}"
+                   for r in ran]
+        missing = [r for r in rivals if r not in ran]
+        if not figures:
+            lines.append(f"- At {ratio}: {system} ran; no ZeRO variant did ({', '.join(missing)}).")
+            continue
+        lines.append(f"- At {ratio}: {system} is {', '.join(figures)}"
+                     + (f"; {', '.join(missing)} did not run, so no figure" if missing else "") + ".")
     return lines + ([""] if lines else [])
 
 

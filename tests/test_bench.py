@@ -140,14 +140,19 @@ def test_teraio_row_trains_exactly_and_reports_its_io(results, tmp_path):
     assert not any((tmp_path / "swap").iterdir())  # the run's swap folder is gone
 
 
-def test_report_states_what_the_host_link_allows():
-    """At each ratio the report says how much must cross the host link per step (the ideal's
-    peak above the cap, out and back) and what share of ideal that leaves at the measured rate."""
+def import_report():
     sys.path.insert(0, str(BENCH))
     try:
         import report
     finally:
         sys.path.remove(str(BENCH))
+    return report
+
+
+def test_report_states_what_the_host_link_allows():
+    """At each ratio the report says how much must cross the host link per step (the ideal's
+    peak above the cap, out and back) and what share of ideal that leaves at the measured rate."""
+    report = import_report()
     ideal = {"status": "ok", "metrics": {"peak_device_bytes": 100e9, "step_ms_median": 500.0}}
     teraio = {"status": "ok", "metrics": {"teraio": {"achieved_gbps": {"d2h": 50.0, "h2d": 40.0, "d2s": 1.0}}}}
     chosen = {("ideal", None): ideal, ("teraio_host", 50e9): teraio}
@@ -155,3 +160,21 @@ def test_report_states_what_the_host_link_allows():
     assert "at least 100.0 GB" in lines[0] and "2000 ms at the 50.0 GB/s" in lines[0] and "about 25% " in lines[0]
     assert "at least 150.0 GB" in lines[1] and "about 17% " in lines[1]
     assert report.link_bounds({("ideal", None): ideal}, [50e9], ideal) == []  # no measured rate: no claim
+
+
+def test_report_compares_with_every_zero_variant_and_explains_runs_not_made():
+    """Speed-ups cover every ZeRO variant that ran (with checkpointing too); a system out of
+    memory at a looser cap is marked not run at a tighter one, with the reason, not missing."""
+    report = import_report()
+    ok = lambda tok_s: {"status": "ok", "metrics": {"tokens_per_s": tok_s}}  # noqa: E731
+    oom = {"status": "failed", "env": {"git_commit": "abcdef123"},
+           "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. 9.00 GiB allowed"}
+    chosen = {("ideal", None): ok(1000.0), ("teraio_host", 50): ok(400.0), ("zero_offload+ckpt", 50): ok(200.0),
+              ("zero_infinity+ckpt", 50): ok(10.0), ("zero_offload", 50): oom, ("teraio_host", 25): ok(100.0)}
+    at_2x, at_4x = report.speedups(chosen, [50, 25], {"metrics": {"peak_device_bytes": 100}})[:2]
+    assert "2.00x zero_offload+ckpt" in at_2x and "40.00x zero_infinity+ckpt" in at_2x
+    assert "zero_infinity, zero_offload did not run" in at_2x
+    assert "no ZeRO variant did" in at_4x
+    row = report.row_for("zero_offload", 25, None, chosen[("ideal", None)], looser=oom)
+    assert "**not run**: out of device memory at a larger cap already (at abcdef1)" in row
+    assert "**missing**" in report.row_for("zero_offload", 25, None, chosen[("ideal", None)])
