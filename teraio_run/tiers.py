@@ -63,6 +63,13 @@ class Transfer:
         if self.event is not None:
             torch.cuda.current_stream().wait_event(self.event)  # device-side: no host sync
 
+    def wait_host(self) -> None:
+        """Blocks the host until the copy has finished (its source or target may be reused)."""
+        if self.future is not None:
+            self.future.exception()
+        if self.event is not None:
+            self.event.synchronize()
+
     def error(self) -> BaseException | None:
         return self.future.exception() if self.future is not None and self.future.done() else None
 

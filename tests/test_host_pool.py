@@ -28,3 +28,27 @@ def test_random_alloc_and_release_never_overlap_and_coalesce():
     for offset, nbytes in live:
         pool.release(offset, nbytes)
     assert pool._free == [(0, pool.capacity)] and pool.used == 0  # one slice again: no fragments lost
+
+
+def test_a_full_pool_waits_for_slots_that_copy_ins_still_read_instead_of_spilling(tmp_path):
+    """The host runs ahead of the copies: a slot whose copy-in is still queued frees a few ms
+    later, so the engine waits for it rather than send the next offload to the disk."""
+    import threading
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from teraio_run.engine import PREFETCHING, MigrationEngine, Moved
+    from teraio_run.tiers import HostTier, PosixFiles, SsdTier, Transfer
+
+    threads = ThreadPoolExecutor(max_workers=1)
+    pool = HostPool(4 * POOL_ALIGN_BYTES, pin=False)
+    host, ssd = HostTier(pool, False, threads), SsdTier([tmp_path], PosixFiles(), False, threads)
+    engine = MigrationEngine(host, ssd, False)
+    copy_in = Future()
+    slot = pool.alloc(pool.capacity)
+    engine.releasing.append(Moved(host, slot, pool.capacity, PREFETCHING, Transfer("h2d", pool.capacity, copy_in), None))
+    threading.Timer(0.05, copy_in.set_result, [(0.0, 0.05)]).start()
+    tier, placed = engine._place("host", pool.capacity)
+    assert (tier.name, placed, engine.stats.other_tier_bytes) == ("host", slot, 0)
+    # with nothing left to wait for, a full pool does spill to the other tier
+    tier, _ = engine._place("host", POOL_ALIGN_BYTES)
+    assert tier.name == "ssd" and engine.stats.other_tier_bytes == POOL_ALIGN_BYTES
