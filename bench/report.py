@@ -6,7 +6,8 @@
 Each model configuration (shape, batch, seq, dtype) gets one table. Its ideal run (uncapped)
 gives the reference: ratio = ideal peak device memory / cap, share = tokens/s / ideal tokens/s.
 Every system expected at every cap that any result used gets a row: a failed result shows its
-error, one that was never run shows "missing". The newest result wins where a configuration
+error; one never run shows "not run" when it ran out of memory at a looser cap or has no
+result in the table at all, else "missing". The newest result wins where a configuration
 was run more than once. The output has no timestamps, so it changes only when results do.
 """
 
@@ -24,6 +25,7 @@ EXPECTED_SYSTEMS = ("teraio_mixed", "teraio_host", "teraio_ssd", "zero_offload",
                     "checkpointing", "save_on_cpu", "plain_capped")
 GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype", "deterministic")
 GROUP_DEFAULTS = {"deterministic": False}  # results written before the key existed
+NOT_IN_CONFIGURATION = {"status": "not run"}  # a system with no result at any cap of a table
 MACHINE_NOTE = (
     "Machine: one NVIDIA H200 (about 139 GiB usable) on PCIe Gen5 x16, 16 cores, 128 GB RAM. "
     "Pinned host<->device copies run at about 55 GB/s each way alone (37 GB/s both ways at once); "
@@ -91,7 +93,10 @@ def short_error(error):
 
 
 def status_text(r, looser=None):
-    """`looser` is the same system's result at a larger cap, which explains a run never made."""
+    """`looser` is the same system's result at a larger cap, which explains a run never made
+    (or NOT_IN_CONFIGURATION: the system has no result in this table at all)."""
+    if r is None and looser is NOT_IN_CONFIGURATION:
+        return "**not run** in this configuration (no result at any ratio)"
     if r is None and looser is not None and "out of device memory" in short_error(looser.get("error")):
         commit = (looser.get("env", {}).get("git_commit") or "")[:7]
         return f"**not run**: out of device memory at a larger cap already (at {commit})"
@@ -153,6 +158,8 @@ def group_table(results):
         for system in systems:
             r = chosen.get((system, cap))
             looser = next((chosen[(system, c)] for c in caps if c > cap and (system, c) in chosen), None)
+            if not any((system, c) in chosen for c in caps):
+                looser = NOT_IN_CONFIGURATION
             lines.append(row_for(system, cap, r, ideal, looser))
             share = (r["metrics"]["tokens_per_s"] / ideal["metrics"]["tokens_per_s"]
                      if r and r["status"] == "ok" and ideal else None)
