@@ -54,6 +54,7 @@ def trace_stats(trace: Trace) -> dict:
         "kernel_time_ms": round(float(trace.duration_us.sum()) / 1e3, 3),
         "op_digest": h.op_digest,
         "tensors_by_kind": kinds,
+        "gradients_stay_on_device": h.gradients_stay_on_device,
         "active_fraction_mean": round(float(np.mean(active / np.maximum(live, 1))), 5) if len(live) else 0.0,
     }
 

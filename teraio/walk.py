@@ -230,6 +230,10 @@ class OpWalk(TorchDispatchMode):
         if self.scope:
             self.scope.pop()
 
+    def wrapped_in_ddp(self) -> bool:
+        """Whether the model is wrapped in DistributedDataParallel (known once it has run)."""
+        return any(type(root).__name__ == "DistributedDataParallel" for root in self.roots)
+
     def _add_root(self, module) -> None:
         prefix = "" if not self.roots else type(module).__name__
         self.roots.append(module)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from teraio.formats.trace import Trace, live_bytes_per_kernel
-from teraio_plan.periods import CANDIDATE_KINDS
+from teraio_plan.periods import movable_kinds
 
 
 def memory_curve(trace: Trace, headroom_bytes: int) -> np.ndarray:
@@ -30,7 +30,7 @@ def min_required_bytes(trace: Trace, headroom_bytes: int) -> tuple[int, int]:
     """
     if trace.num_kernels == 0:
         return int(trace.header.untracked_bytes) + int(headroom_bytes), 0
-    movable = np.isin(trace.kind, CANDIDATE_KINDS)
+    movable = np.isin(trace.kind, movable_kinds(trace))
     need = used_bytes(trace, movable) + live_bytes_per_kernel(trace, ~movable)
     k = int(np.argmax(need))
     return int(need[k]) + int(trace.header.untracked_bytes) + int(headroom_bytes), k

@@ -16,6 +16,13 @@ from teraio.formats.trace import Kind, Trace
 # 'other' storages (RNG state, scratch buffers we cannot name stably) are never moved.
 CANDIDATE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
 
+
+def movable_kinds(trace: Trace) -> tuple[Kind, ...]:
+    """The kinds a plan may move in this job: gradients stay under DDP (the runtime keeps them)."""
+    if trace.header.gradients_stay_on_device:
+        return tuple(k for k in CANDIDATE_KINDS if k != Kind.gradient)
+    return CANDIDATE_KINDS
+
 # Offload needs >= 1 kernel, the saved stretch >= 1, the prefetch >= 1: start + 4 <= end.
 MIN_GAP_KERNELS = 4
 
@@ -54,7 +61,7 @@ def _use_points(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     inter = np.flatnonzero(born >= 0)
     tensor = np.concatenate((tensor, inter))
     kernel = np.concatenate((kernel, born[inter]))
-    keep = np.isin(trace.kind[tensor], CANDIDATE_KINDS) & _inside_lifetime(trace, tensor, kernel)
+    keep = np.isin(trace.kind[tensor], movable_kinds(trace)) & _inside_lifetime(trace, tensor, kernel)
     return tensor[keep], kernel[keep]
 
 

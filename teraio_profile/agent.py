@@ -67,6 +67,7 @@ class ProfileAgent(WalkListener):
             num_kernels=rec.kernels_in_window, num_tensors=len(tensors["id"]), op_digest=digest,
             iteration_ms=round(float(min(rec.warm_iteration_ms or [np.median(rec.iteration_ms)])), 3),
             kernel_time_scale=round(rec.time_scale, 4),
+            gradients_stay_on_device=self.walk.wrapped_in_ddp(),
             timing="cuda_events" if self.device_type == "cuda" else "monotonic_clock",
         )
 

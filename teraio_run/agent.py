@@ -116,7 +116,7 @@ class RunAgent(WalkListener):
         if record.pinned or kind not in MOVABLE_KINDS:
             return False
         if kind == Kind.gradient and self._ddp is None:
-            self._ddp = any(type(root).__name__ == "DistributedDataParallel" for root in self.walk.roots)
+            self._ddp = self.walk.wrapped_in_ddp()
         return not (kind == Kind.gradient and self._ddp)
 
     def after_op(self, k, func, inputs, new, signature):

@@ -56,6 +56,20 @@ def test_global_idle_period_wraps_around_the_iteration_boundary():
     assert out.plan.header.prediction.fits and out.simulation.input_stalls == 0
 
 
+def test_under_ddp_gradients_are_never_planned_and_count_as_fixed_memory():
+    """The runtime keeps gradients on the device under DDP (Note [DDP gradients]): a plan that
+    counted on moving one would miss its budget in the live job."""
+    tensors = [T("w.grad", GiB, [0, 99], Kind.gradient),
+               T("x", GiB, list(range(40, 60)), Kind.activation, born=40, freed=60)]
+    trace = make_trace([10_000.0] * 100, tensors)
+    [entry] = plan_for(trace).plan.entries
+    assert entry.kind == "gradient"
+    trace.header = trace.header.model_copy(update={"gradients_stay_on_device": True})
+    assert min_required_bytes(trace, 0)[0] == 2 * GiB  # the gradient is as fixed as 'other' memory
+    with pytest.raises(PlanError, match="can never move"):
+        plan_for(trace)
+
+
 def test_budget_that_cannot_be_met_reports_where_and_by_how_much():
     out = plan_for(big_weight_trace(kernel_us=10.0))  # 1 ms of idle time cannot move 1 GiB
     pred = out.plan.header.prediction

@@ -148,7 +148,13 @@ def test_two_rank_torchrun_with_per_rank_plans(tmp_path):
               cwd=tmp_path))
     for rank in (0, 1):
         trace = load_trace(tmp_path / f"t.rank{rank}.msgpack")
+        assert trace.header.gradients_stay_on_device  # DDP: Note [DDP gradients]
         save_plan(every_period_plan(trace, peak_bytes(trace) // 2), tmp_path / f"plan.rank{rank}.json")
+    # the planner knows: its plans never count on moving a gradient the runtime keeps
+    ok(teraio("plan", tmp_path / "t.rank0.msgpack", "--gpu-mem", str(peak_bytes(trace) * 3 // 4), "-o",
+              tmp_path / "planned.json", cwd=tmp_path))
+    entries = load_plan(tmp_path / "planned.json").entries
+    assert entries and not [e for e in entries if e.kind == "gradient"]
     ok(teraio("run", "--plan", tmp_path / "plan.json", "--report", tmp_path / "run.json", "--ssd-dir",
               tmp_path / "ssd", "--", "torchrun", "--nproc-per-node", 2, EXAMPLE, *args, "--losses-out",
               tmp_path / "planned.json", cwd=tmp_path))

@@ -52,7 +52,8 @@ def print_trace_summary(path, out: Console) -> None:
     out.print(f"  iteration {format_ms(s['iteration_ms'])} (kernels {format_ms(s['kernel_time_ms'])}), "
               f"peak {format_bytes(s['peak_bytes'])} (untracked {format_bytes(s['untracked_bytes'])}), "
               f"active fraction {s['active_fraction_mean']:.2%} (paper: 1.7%)")
-    out.print("  tensors: " + ", ".join(f"{n} {k}" for k, n in s["tensors_by_kind"].items() if n))
+    stay = " (DDP: gradients stay on the device, plans do not move them)" if s["gradients_stay_on_device"] else ""
+    out.print("  tensors: " + ", ".join(f"{n} {k}" for k, n in s["tensors_by_kind"].items() if n) + stay)
     out.print(f"  memory  [cyan]{sparkline(live_bytes_per_kernel(trace))}[/]")
     table = Table("idle period", "count", "bytes", title="Idle periods", title_justify="left")
     for label, count, nbytes in idle_histogram(trace):

@@ -68,6 +68,9 @@ class TraceHeader(Strict):
     kernel_time_scale: float = 1.0
     untracked_bytes: int = 0
     memory_model_max_error: float | None = None
+    # Under DistributedDataParallel the runtime keeps gradients on the device (Note [DDP
+    # gradients] in teraio_run/agent.py), so plans must not count on moving them.
+    gradients_stay_on_device: bool = False
     timing: Literal["cuda_events", "monotonic_clock"]
 
 
