@@ -3,7 +3,8 @@
 # fused AdamW, deterministic kernels, about 1B parameters per rank) under DDP on 2 GPUs: plain
 # and uncapped, profiled (one trace per rank), planned per rank at $SHARE% (default 50) of the
 # larger rank's traced peak, and run under that cap; losses compared bit for bit. Results land
-# flat in $OUT: per-rank trace stats, plans and reports, and the log.
+# flat in $OUT: per-rank trace stats and reports, the log, and the per-rank traces and
+# plans in traces_plans.tgz.
 # Device tool: kind nvidia-h200-x2, carry [".whl"], command
 #   TERAIO_COMMIT=<sha> bash bench/gpu_ddp.sh
 set -u
@@ -45,7 +46,8 @@ step "plan each rank at ${SHARE}% of the larger traced peak ($PEAK bytes)"
 python3 -m teraio plan $TMP/t.rank0.msgpack $TMP/t.rank1.msgpack --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 \
     --ssd-read-gbps 0.65 --ssd-write-gbps 0.5 --host-mem ${HOST_MEM:-48GiB} --host-gbps 37 --pcie-gbps 55 \
     --headroom ${HEADROOM:-1GiB} || exit 1
-cp $TMP/t.plan.rank0.json $TMP/t.plan.rank1.json "$OUT/"
+# one file for both ranks' traces and plans ($OUT returns at most 8 files)
+tar czf "$OUT/traces_plans.tgz" -C $TMP t.rank0.msgpack t.rank1.msgpack t.plan.rank0.json t.plan.rank1.json
 step "teraio run under the cap, 2 ranks"
 timeout ${RUN_TIMEOUT:-240} python3 -m teraio run --plan $TMP/t.plan.json --ssd-dir /tmp/teraio-swap \
     --report "$OUT/run.json" -- $TR $EX $ARGS --losses-out $TMP/run.json
