@@ -27,6 +27,8 @@ def command(plan_path, ssd_dirs, report, gpu_mem_bytes, io_backend, strict, devi
     \b
     The command after -- runs untouched; every process it starts (each torchrun
     rank) loads the runtime, which follows its plan and writes a report at exit.
+    A rank works on cuda:LOCAL_RANK (torchrun's one process per GPU) when several
+    GPUs are visible, else on the current GPU.
     \b
     Examples:
       teraio run --plan plan.json -- python train.py --lr 3e-4
