@@ -112,16 +112,13 @@ def _pin_exactly(buffer: torch.Tensor) -> None:
                            f"(cudaHostRegister error {err}): lower --host-mem when planning")
 
 
-class HostPool:
-    """One pinned buffer allocated at start (per-tensor cudaHostAlloc is slow and fragments),
-    carved first-fit. On CPU-only machines it is plain memory."""
+class FirstFitSlots:
+    """Offsets into `capacity` bytes, handed out first-fit in POOL_ALIGN_BYTES units (the host
+    pool's bookkeeping, apart from its buffer so bench/pool_replay.py can replay a plan)."""
 
-    def __init__(self, nbytes: int, pin: bool):
-        self.capacity = nbytes
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
-        if pin and nbytes > 0:
-            _pin_exactly(self.buffer)
-        self._free = [(0, nbytes)] if nbytes else []  # (offset, size), sorted by offset
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._free = [(0, capacity)] if capacity else []  # (offset, size), sorted by offset
         self.used = 0
         self.peak_used = 0  # the most held at once since the run report's last look
 
@@ -151,6 +148,17 @@ class HostPool:
             offset = free[i][0]
             del free[i]
         free.insert(i, (offset, end - offset))
+
+
+class HostPool(FirstFitSlots):
+    """One pinned buffer allocated at start (per-tensor cudaHostAlloc is slow and fragments),
+    carved first-fit. On CPU-only machines it is plain memory."""
+
+    def __init__(self, nbytes: int, pin: bool):
+        super().__init__(nbytes)
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if pin and nbytes > 0:
+            _pin_exactly(self.buffer)
 
     def slice(self, offset: int, nbytes: int) -> torch.Tensor:
         return self.buffer[offset:offset + nbytes]

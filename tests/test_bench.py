@@ -180,3 +180,20 @@ def test_report_compares_with_every_zero_variant_and_explains_runs_not_made():
     row = report.row_for("zero_offload", 25, None, chosen[("ideal", None)], looser=oom)
     assert "**not run**: out of device memory at a larger cap already (at abcdef1)" in row
     assert "**missing**" in report.row_for("zero_offload", 25, None, chosen[("ideal", None)])
+
+
+def test_pool_replay_of_the_recorded_quarter_plan_fits_its_pool_and_only_its_pool():
+    """The claim docs/gpu-results.md makes about the 1/4 spill: on the plan's own timing the
+    72 GiB pool never runs out; a smaller pool does."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import pool_replay
+    finally:
+        sys.path.remove(str(BENCH))
+    from teraio.formats.plan import load_plan
+
+    plan = load_plan(ROOT / "bench/results/2026-11-29-teraio-quarter-3b-fp32-a293898-plans/plan_host_4x.json")
+    slots, failed = pool_replay.replay(plan, 72 * 2**30, iterations=3)
+    assert failed == [] and slots.peak_used == pytest.approx(plan.header.prediction.host_pool_bytes, rel=1e-3)
+    _, failed = pool_replay.replay(plan, 60 * 2**30, iterations=3)
+    assert failed
