@@ -99,6 +99,13 @@ def test_host_pool_too_small_for_the_plan_spills_to_the_disk_and_says_so(work, t
     assert spilled > 0 and report.offloaded_bytes["ssd"] > 0  # the plan names the host tier only
     assert 0 < max(row.host_pool_peak_bytes for row in report.per_iteration) <= pool_bytes
     assert "went to the other tier" in proc.stderr
+    # `teraio inspect` shows it per iteration: which iterations spilled, how full the pool was
+    view = ok(teraio("inspect", tmp_path / "run.json", cwd=tmp_path)).stdout
+    table = view[view.index("Iterations"):].splitlines()
+    header = next(line.split() for line in table if line.split()[:2] == ["iter", "plan"])
+    rows = [line.split() for line in table if line.split() and line.split()[0].isdigit()]
+    spill = header.index("spill")
+    assert rows and any(float(row[spill]) > 0 for row in rows)
 
 
 def test_planner_plan_at_half_the_peak_trains_identically_within_budget(work, tmp_path):

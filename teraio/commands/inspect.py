@@ -3,6 +3,7 @@
 import json
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -115,4 +116,28 @@ def _print_report(path, out: Console) -> None:
     from teraio.formats.report import load_report
     from teraio.views import print_report
 
-    print_report(load_report(path), out, title=str(path))
+    report = load_report(path)
+    print_report(report, out, title=str(path))
+    out.print(_iteration_table(report.per_iteration))
+
+
+def _iteration_table(rows, head: int = 3, tail: int = 9) -> Table:
+    """One line per iteration (the first `head` and last `tail` of long runs): where a slow one
+    lost its time, and whether the host pool was full."""
+    skipped = max(0, len(rows) - head - tail)
+    which = f" (first {head}, last {tail} of {len(rows)})" if skipped else ""
+    table = Table("iter", "plan", "time", "stall", "evict", "walk", "ops", "copy", "out", "spill", "pool",
+                  box=box.SIMPLE, pad_edge=False, title=f"Iterations{which}: times in ms, sizes in GiB",
+                  title_justify="left", caption_justify="left",
+                  caption="walk: host time in the walk and agent; ops: inside PyTorch's ops; copy: time the copies "
+                          "kept their paths busy; out: moved off the device; spill: put on the other tier, the "
+                          "host pool being full; pool: the most the host pool held")
+    for row in (rows[:head] + [None] + rows[-tail:] if skipped else rows):
+        if row is None:
+            table.add_row("...", *[""] * 10)
+            continue
+        table.add_row(str(row.iteration), "yes" if row.followed_plan else "no",
+                      *(f"{v:.0f}" for v in (row.ms, row.stall_ms)), str(row.evictions),
+                      *(f"{v:.0f}" for v in (row.walk_ms, row.op_launch_ms, row.copy_busy_ms)),
+                      *(f"{n / 2**30:.2f}" for n in (row.offloaded_bytes, row.other_tier_bytes, row.host_pool_peak_bytes)))
+    return table
