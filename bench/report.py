@@ -25,7 +25,6 @@ EXPECTED_SYSTEMS = ("teraio_mixed", "teraio_host", "teraio_ssd", "zero_offload",
                     "checkpointing", "save_on_cpu", "plain_capped")
 GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype", "deterministic")
 GROUP_DEFAULTS = {"deterministic": False}  # results written before the key existed
-NOT_IN_CONFIGURATION = {"status": "not run"}  # a system with no result at any cap of a table
 MACHINE_NOTE = (
     "Machine: one NVIDIA H200 (about 139 GiB usable) on PCIe Gen5 x16, 16 cores, 128 GB RAM. "
     "Pinned host<->device copies run at about 55 GB/s each way alone (37 GB/s both ways at once); "
@@ -92,16 +91,21 @@ def short_error(error):
     return error or "unknown error"
 
 
-def status_text(r, looser=None):
-    """`looser` is the same system's result at a larger cap, which explains a run never made
-    (or NOT_IN_CONFIGURATION: the system has no result in this table at all)."""
-    if r is None and looser is NOT_IN_CONFIGURATION:
-        return "**not run** in this configuration (no result at any ratio)"
-    if r is None and looser is not None and "out of device memory" in short_error(looser.get("error")):
+def not_run_reason(system, cap, chosen, caps):
+    """Why a system has no result at this cap, where the table's other results tell: it has none
+    in the table at all, or it ran out of device memory at a larger cap already."""
+    if not any((system, c) in chosen for c in caps):
+        return "in this configuration (no result at any ratio)"
+    looser = next((chosen[(system, c)] for c in caps if c > cap and (system, c) in chosen), None)
+    if looser is not None and "out of device memory" in short_error(looser.get("error")):
         commit = (looser.get("env", {}).get("git_commit") or "")[:7]
-        return f"**not run**: out of device memory at a larger cap already (at {commit})"
+        return f"out of device memory at a larger cap already (at {commit})"
+    return None
+
+
+def status_text(r, not_run=None):
     if r is None:
-        return "**missing**: no result"
+        return f"**not run**: {not_run}" if not_run else "**missing**: no result"
     if r["status"] == "ok":
         return "ok"
     where = f" ({r.get('failed_at')})" if r.get("failed_at") else ""
@@ -110,7 +114,7 @@ def status_text(r, looser=None):
     return f"**{r['status']}**{where}{' at ' + commit if commit else ''}: {error}"
 
 
-def row_for(system, cap, r, ideal, looser=None):
+def row_for(system, cap, r, ideal, not_run=None):
     ideal_peak = ideal["metrics"].get("peak_device_bytes") if ideal else None
     m = r.get("metrics", {}) if r else {}
     ok = r is not None and r["status"] == "ok"
@@ -124,7 +128,7 @@ def row_for(system, cap, r, ideal, looser=None):
     if m.get("stall_ms") is not None:
         extra.append(f"stalls {m['stall_ms']:.0f} ms")
     return (f"| {system} | {ratio_text(cap, ideal_peak)} | {share} | {f'{tok_s:,.0f}' if tok_s else '–'} | {step} "
-            f"| {peak} | {gib(m.get('host_rss_peak_bytes'))} | {'; '.join(extra) or '–'} | {status_text(r, looser)} |")
+            f"| {peak} | {gib(m.get('host_rss_peak_bytes'))} | {'; '.join(extra) or '–'} | {status_text(r, not_run)} |")
 
 
 def group_title(results):
@@ -157,10 +161,8 @@ def group_table(results):
         systems = list(EXPECTED_SYSTEMS) + sorted({s for (s, c) in chosen if c == cap} - set(EXPECTED_SYSTEMS))
         for system in systems:
             r = chosen.get((system, cap))
-            looser = next((chosen[(system, c)] for c in caps if c > cap and (system, c) in chosen), None)
-            if not any((system, c) in chosen for c in caps):
-                looser = NOT_IN_CONFIGURATION
-            lines.append(row_for(system, cap, r, ideal, looser))
+            not_run = None if r else not_run_reason(system, cap, chosen, caps)
+            lines.append(row_for(system, cap, r, ideal, not_run))
             share = (r["metrics"]["tokens_per_s"] / ideal["metrics"]["tokens_per_s"]
                      if r and r["status"] == "ok" and ideal else None)
             points.append((ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes")), system, share))

@@ -91,8 +91,8 @@ def test_report_flags_failed_and_missing(results, tmp_path):
     assert re.search(r"\*\*failed\*\* \(setup\) at \w{7}: RuntimeError: --gpu-mem needs a CUDA device",
                      row("plain_capped", "1.0"))
     # systems with no result in a table at all are flagged as not run there, never left out
-    assert "**not run** in this configuration" in row("zero_offload", "1.0")
-    assert "**not run** in this configuration" in row("teraio_mixed", "1.0")
+    assert "**not run**: in this configuration" in row("zero_offload", "1.0")
+    assert "**not run**: in this configuration" in row("teraio_mixed", "1.0")
     assert "junk.json: not a teraio-bench-result object" in text
     assert "**failed** (timeout)" not in text  # an ok run of the same configuration wins
     try:
@@ -177,9 +177,12 @@ def test_report_compares_with_every_zero_variant_and_explains_runs_not_made():
     assert "2.00x zero_offload+ckpt" in at_2x and "40.00x zero_infinity+ckpt" in at_2x
     assert "zero_infinity, zero_offload did not run" in at_2x
     assert "no ZeRO variant did" in at_4x
-    row = report.row_for("zero_offload", 25, None, chosen[("ideal", None)], looser=oom)
+    reason = report.not_run_reason("zero_offload", 25, chosen, [50, 25])
+    row = report.row_for("zero_offload", 25, None, chosen[("ideal", None)], reason)
     assert "**not run**: out of device memory at a larger cap already (at abcdef1)" in row
-    assert "**missing**" in report.row_for("zero_offload", 25, None, chosen[("ideal", None)])
+    assert "in this configuration" in report.not_run_reason("save_on_cpu", 25, chosen, [50, 25])
+    assert report.not_run_reason("zero_offload+ckpt", 25, chosen, [50, 25]) is None  # ran at 2x: missing here
+    assert "**missing**" in report.row_for("zero_offload+ckpt", 25, None, chosen[("ideal", None)])
 
 
 def test_pool_replay_of_the_recorded_quarter_plan_fits_its_pool_and_only_its_pool():
