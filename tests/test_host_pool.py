@@ -1,4 +1,5 @@
-"""The host tier's pool: slices never overlap, and freed slices coalesce back into one."""
+"""The host tier's pool: slices never overlap, freed slices coalesce back into one, and a full
+pool waits for queued copy-ins before an offload spills to the other tier."""
 
 import random
 
