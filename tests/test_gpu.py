@@ -81,3 +81,23 @@ def test_each_rank_is_capped_and_copies_on_its_own_gpu(tmp_path, monkeypatch):
         report = load_report(tmp_path / f"run.rank{rank}.json")
         assert report.header.device == f"cuda:{rank}"
         assert 0 < report.achieved_gbps["d2h"] < 200  # PCIe Gen5 x16 is 64 GB/s
+
+
+def test_a_full_pool_waits_on_the_copy_in_event_not_the_disk(tmp_path):
+    """The CUDA side of the pool wait: a slot still read by a queued copy-in is free once its
+    event has passed, and the next offload lands in the host pool, not on the disk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from teraio_run.engine import PREFETCHING, MigrationEngine, Moved
+    from teraio_run.tiers import HostPool, HostTier, PosixFiles, SsdTier
+
+    threads = ThreadPoolExecutor(max_workers=1)
+    pool = HostPool(256 * 2**20, pin=True)
+    host, ssd = HostTier(pool, True, threads), SsdTier([tmp_path], PosixFiles(), True, threads)
+    engine = MigrationEngine(host, ssd, True)
+    target = torch.empty(pool.capacity, dtype=torch.uint8, device="cuda")
+    slot = pool.alloc(pool.capacity)
+    copy_in = host.copy_in(target.untyped_storage(), slot, None)  # 256 MiB: still queued when we ask
+    engine.releasing.append(Moved(host, slot, pool.capacity, PREFETCHING, copy_in, None))
+    tier, placed = engine._place("host", pool.capacity)
+    assert (tier.name, placed, engine.stats.other_tier_bytes) == ("host", slot, 0) and copy_in.done()
