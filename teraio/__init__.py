@@ -7,3 +7,12 @@ teraio.walk (which does import torch, so nothing here imports it eagerly).
 """
 
 __version__ = "0.1.0"
+
+
+def resident():
+    """Inside `with teraio.resident():` every tensor TeraIO moved out of device memory is back
+    and none leaves: for code that reads tensor memory through raw pointers. Outside
+    `teraio run` it does nothing. (teraio/raw_access.py says which savers are covered already.)"""
+    from teraio.raw_access import resident as hold
+
+    return hold()

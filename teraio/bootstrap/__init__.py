@@ -1,18 +1,48 @@
-"""Starts the agent for TERAIO_MODE in this process (called once torch is imported)."""
+"""Starts the agent for TERAIO_MODE in the processes that train (called once torch is imported).
+
+Note [Lazy start]
+`import torch` is no sign of training: torchrun's, accelerate's and deepspeed's launchers
+import it too, and an agent there allocated its own host pool (on CUDA it would pin it twice)
+and, with per-rank plans under --strict, stopped the job before it trained. So once torch is
+imported the bootstrap only arms a start (`arm`): StartOnFirstOp, a small TorchDispatchMode,
+waits for the first ATen op that touches the plan's device and starts the agent right before
+that op, which the walk then sees as its first. In a CUDA job nothing on the device ran
+earlier, so the walk misses nothing; on CPU (CI) the first op is usually a parameter's
+initialisation. Launchers run few ops, but some on the CPU, so they are also refused by
+name (`is_launcher_process`), and DataLoader workers by their worker info.
+
+Modes nest: a mode's __torch_dispatch__ runs with that mode popped, and it is pushed back on
+top when the handler returns, so the walk that the agent pushes from inside the trigger ends
+up below it. The trigger then only forwards (one Python call per op) until the next module
+call or optimizer step, whose global pre-hooks take it off the stack and remove themselves:
+from the first forward on the walk is alone. Modules already running when the agent started
+are replayed into the walk, so it finds its root and scopes as if it had been there first.
+"""
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 from teraio.settings import Settings
 
-LAUNCHER_MODULES = ("torch/distributed/run.py", "torch/distributed/launch.py")
+# What sys.argv[0] is in a launcher: its console script, or the module run with `python -m`.
+LAUNCHER_PROGRAMS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed", "ds")
+LAUNCHER_MODULES = ("torch/distributed/run.py", "torch/distributed/launch.py",
+                    "accelerate/commands/launch.py", "accelerate/commands/accelerate_cli.py",
+                    "deepspeed/launcher/runner.py", "deepspeed/launcher/launch.py")
 
 
-def is_launcher_process() -> bool:
-    """torchrun's own process imports torch too, but trains nothing: leave it alone."""
-    launcher = Path(sys.argv[0]).name == "torchrun" or sys.argv[0].endswith(LAUNCHER_MODULES)
-    return launcher and "LOCAL_RANK" not in os.environ
+def is_launcher_process(argv0: str | None = None) -> bool:
+    """torchrun, accelerate and deepspeed import torch in their own process but train in the
+    processes they start (accelerate even runs torchrun's launcher inside its own)."""
+    argv0 = (sys.argv[0] if argv0 is None else argv0).replace(os.sep, "/")
+    return Path(argv0).name in LAUNCHER_PROGRAMS or argv0.endswith(LAUNCHER_MODULES)
+
+
+def is_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 def use_local_rank_gpu(settings: Settings) -> None:
@@ -29,10 +59,8 @@ def use_local_rank_gpu(settings: Settings) -> None:
         torch.cuda.set_device(int(local_rank))
 
 
-def start():
-    settings = Settings.from_env()
-    if is_launcher_process():
-        return None
+def start(settings: Settings):
+    """Start the agent for settings.mode now; returns it (None when it stays out of the way)."""
     use_local_rank_gpu(settings)
     if settings.mode == "profile":
         from teraio_profile.agent import start as start_profile
@@ -41,3 +69,33 @@ def start():
         from teraio_run.agent import start as start_run
         return start_run(settings)
     return None
+
+
+def start_guarded(settings: Settings):
+    """The job must train even if the agent cannot start, unless --strict."""
+    try:
+        return start(settings)
+    except SystemExit:
+        raise
+    except BaseException as err:
+        if settings.strict:
+            # Said here because the error surfaces from the job's first tensor op, which a
+            # script may catch, and a later op then fails with an unrelated message.
+            print(f"teraio: the agent could not start ({type(err).__name__}: {err}); "
+                  "stopping the job (--strict)", file=sys.stderr)
+            raise
+        print(f"teraio: the agent could not start ({type(err).__name__}: {err}); "
+              "training continues without it", file=sys.stderr)
+        return None
+
+
+def arm() -> None:
+    """Called once torch is imported: arm the start on the first op (Note [Lazy start])."""
+    settings = Settings.from_env()
+    if settings.mode not in ("profile", "run") or is_launcher_process():
+        return
+    from teraio import compile_guard
+    from teraio.bootstrap.trigger import StartOnFirstOp
+
+    compile_guard.install(settings.strict)
+    StartOnFirstOp(settings, threading.get_ident()).push()

@@ -1,8 +1,9 @@
 """TeraIO bootstrap: put on PYTHONPATH by `teraio profile` / `teraio run`.
 
 It must stay cheap and harmless: it chain-loads any sitecustomize that was already on the
-path, and when TERAIO_MODE is set it waits for the script to import torch, then starts the
-agent. It never takes the user's job down on its own account (unless TERAIO_STRICT=1).
+path, and when TERAIO_MODE is set it waits for the script to import torch, then arms the
+agent's start at the first op on the plan's device. It never takes the user's job down on
+its own account (unless TERAIO_STRICT=1).
 """
 
 import importlib.abc
@@ -43,22 +44,29 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
 
 def _start_agent() -> None:
+    """Arms the agent's start at the job's first op on the device (Note [Lazy start] in
+    teraio/bootstrap/__init__.py): launchers and shells that import torch never start one."""
     try:
-        from teraio.bootstrap import start
-        start()
-    except SystemExit:
-        raise
+        from teraio.bootstrap import arm
+        arm()
     except BaseException as err:  # the job must train even if the agent cannot
         if os.environ.get("TERAIO_STRICT", "").lower() in ("1", "true", "yes", "on"):
             # Said here because the error surfaces as a failed `import torch`, which a
             # script may catch, and a second import then fails with an unrelated message.
-            print(f"teraio: the agent could not start ({type(err).__name__}: {err}); "
+            print(f"teraio: the agent could not be set up ({type(err).__name__}: {err}); "
                   "stopping the job (--strict)", file=sys.stderr)
             raise
-        print(f"teraio: the agent could not start ({type(err).__name__}: {err}); "
+        print(f"teraio: the agent could not be set up ({type(err).__name__}: {err}); "
               "training continues without it", file=sys.stderr)
 
 
 _chain_load_next_sitecustomize()
 if os.environ.get("TERAIO_MODE"):
     sys.meta_path.insert(0, _AfterTorchImport())
+if os.environ.get("TERAIO_MODE") == "run":
+    # Before the job imports anything: savers that read raw memory are wrapped as they load.
+    try:
+        from teraio.raw_access import install as _wrap_raw_readers
+        _wrap_raw_readers()
+    except Exception as _err:  # noqa: BLE001 - never take the job down: say so, train on
+        print(f"teraio: could not guard raw-memory savers ({_err}); saving under a plan may fail", file=sys.stderr)

@@ -1,0 +1,106 @@
+"""The mode that starts the agent at the job's first op on the plan's device (Note [Lazy start]
+in teraio/bootstrap/__init__.py)."""
+
+import threading
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
+
+def touches_device(device_type: str, args, kwargs) -> bool:
+    """Whether an op reads, writes or makes a tensor on the device: a tensor argument there,
+    a `device=` there, or (on CPU) a factory op with neither, which makes CPU tensors."""
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == device_type:
+        return True
+    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return device is None and device_type == "cpu"
+    return any(t.device.type == device_type for t in tensors)
+
+
+class StartOnFirstOp(TorchDispatchMode):
+    """Starts the agent right before the first op on the plan's device, then steps aside."""
+
+    def __init__(self, settings, thread: int):
+        super().__init__()
+        self.settings = settings
+        self.device_type = settings.device_type()
+        self.thread = thread          # modes are per thread: the one that imported torch
+        self.pending = True
+        self.running_modules: list[torch.nn.Module] = []
+        self._handles = []
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Until the agent starts (never, in a process that does not train) torch.compile must
+        # work as in a plain run; Dynamo skips frames under any mode that says otherwise.
+        return True
+
+    def push(self) -> None:
+        self._handles = [
+            register_module_forward_pre_hook(self._module_enter),
+            register_module_forward_hook(self._module_exit),
+            register_optimizer_step_pre_hook(self._optimizer_enter),
+        ]
+        _push_mode(self)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.pending and touches_device(self.device_type, args, kwargs):
+            self.pending = False
+            self._start()
+        return func(*args, **kwargs)
+
+    def _start(self) -> None:
+        from teraio import compile_guard
+        from teraio.bootstrap import is_dataloader_worker, start_guarded
+
+        if is_dataloader_worker():
+            return
+        # The first op may run under no_grad, inference_mode or a `with torch.device(...)`
+        # block: the agent's own tensors (its host pool) must not be made under them.
+        with torch.inference_mode(False), torch.enable_grad(), torch._C.DisableTorchFunction():
+            agent = start_guarded(self.settings)
+        walk = getattr(agent, "walk", None)
+        from teraio.walk import _active_walk
+
+        if walk is None or _active_walk() is not walk:
+            return
+        for module in self.running_modules:
+            walk._module_enter(module, ())  # as if its pre-hook had seen them enter
+        compile_guard.walk_started()
+
+    # ----- hooks: the module stack before the start, and stepping aside after it ----------
+    def _module_enter(self, module, args) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if self.pending:
+            self.running_modules.append(module)
+        else:
+            self.retire()
+
+    def _module_exit(self, module, args, output) -> None:
+        if self.pending and threading.get_ident() == self.thread and self.running_modules:
+            self.running_modules.pop()
+
+    def _optimizer_enter(self, optimizer, args, kwargs) -> None:
+        if not self.pending and threading.get_ident() == self.thread:
+            self.retire()
+
+    def retire(self) -> None:
+        """Leave the mode stack and remove the hooks: after the start the trigger costs nothing."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.running_modules = []
+        if self not in _get_current_dispatch_mode_stack():
+            return
+        above = []
+        while (mode := _pop_mode()) is not self:  # modes the job pushed since stay, in order
+            above.append(mode)
+        for mode in reversed(above):
+            _push_mode(mode)

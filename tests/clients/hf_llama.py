@@ -1,0 +1,87 @@
+"""A plain transformers training loop, as users write it: a tiny LlamaForCausalLM, AdamW,
+optionally dynamic padding (another sequence length per batch), then the usual ways a job
+writes its result. It never imports teraio.
+
+    python hf_llama.py --steps 6 --losses-out l.json --save-pretrained out/ --safetensors-out w.safetensors
+"""
+
+import argparse
+import json
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def build(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                         tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def batches(steps: int, batch: int, seq: int, dynamic: bool):
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        length = seq - 8 * (step % 3) if dynamic else seq  # dynamic padding: the batch's own length
+        yield torch.randint(0, 256, (batch, length), generator=g)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--dynamic", action="store_true", help="vary the sequence length per batch")
+    p.add_argument("--losses-out")
+    p.add_argument("--save-pretrained", help="model.save_pretrained(DIR) after training (safetensors)")
+    p.add_argument("--safetensors-out", help="safetensors.torch.save_file of the parameters")
+    p.add_argument("--numpy-out", help="np.save of every parameter through Tensor.numpy()")
+    p.add_argument("--accelerate-save", help="accelerate's Accelerator().save_model(model, DIR)")
+    p.add_argument("--eval-every", type=int, default=0, help="an evaluation pass under no_grad after every N steps")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) on a frozen base")
+    p.add_argument("--grad-ckpt", action="store_true", help="transformers' gradient checkpointing")
+    p.add_argument("--autocast", action="store_true", help="bf16 autocast")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    if args.device == "cuda":  # the twin run compares bit for bit: no nondeterministic kernels
+        torch.use_deterministic_algorithms(True)
+
+    model = build(0).to(args.device)
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.autocast)
+    losses = []
+    for step, ids in enumerate(batches(args.steps, args.batch, args.seq, args.dynamic)):
+        ids = ids.to(args.device)
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            with torch.no_grad():
+                losses.append(model(input_ids=ids[:, :16], labels=ids[:, :16]).loss.item())
+    if args.losses_out:
+        with open(args.losses_out, "w") as f:
+            json.dump(losses, f)
+    if args.save_pretrained:
+        model.save_pretrained(args.save_pretrained)
+    if args.safetensors_out:
+        from safetensors.torch import save_file
+        save_file({n: p.detach() for n, p in model.named_parameters()}, args.safetensors_out)
+    if args.accelerate_save:
+        from accelerate import Accelerator
+        Accelerator(cpu=args.device == "cpu").save_model(model, args.accelerate_save)
+    if args.numpy_out:
+        import numpy as np
+        np.savez(args.numpy_out, **{n: p.detach().cpu().numpy() for n, p in model.named_parameters()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The frameworks users train with, under a plan: each job trains bit for bit like its plain
+run, and everything it writes outside its ops (save_pretrained, safetensors, numpy, Trainer
+checkpoints) holds the true values.
+
+Each case profiles a client script from tests/clients/, plans every idle period of every
+movable tensor through both tiers at half the traced peak (the most migration a trace
+allows: runtime_helpers.every_period_plan), runs it under `teraio run` and plainly, and
+compares what both wrote.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from teraio.formats.plan import save_plan
+from teraio.formats.report import load_report
+from teraio.formats.trace import live_bytes_per_kernel, load_trace
+from cli_helpers import CPU_ENV, ok, teraio
+from runtime_helpers import every_period_plan
+
+CLIENTS = Path(__file__).parent / "clients"
+
+
+def profile_and_plan(tmp_path, script: str | Path, *args) -> Path:
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", "python", CLIENTS / script, *args, cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    plan = every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2)
+    save_plan(plan, tmp_path / "plan.json")
+    return tmp_path / "plan.json"
+
+
+def run_planned(tmp_path, plan: Path, script: str, *args):
+    proc = ok(teraio("run", "--plan", plan, "--report", tmp_path / "run.json", "--ssd-dir", tmp_path / "ssd",
+                     "--", "python", CLIENTS / script, *args, cwd=tmp_path))
+    return proc, load_report(tmp_path / "run.json")
+
+
+def run_plain(tmp_path, script: str, *args) -> None:
+    import os
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(CLIENTS / script), *map(str, args)], cwd=tmp_path, check=True,
+                   capture_output=True, env=dict(os.environ, **CPU_ENV))
+
+
+def assert_same_safetensors(a: Path, b: Path) -> None:
+    mine, theirs = load_file(a), load_file(b)
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine), "saved weights differ"
+
+
+def test_save_pretrained_safetensors_and_numpy_after_training_see_true_values(tmp_path):
+    """The job ends with the plan's wrap-around offloads done: every weight is out. Its
+    saves read raw memory (no ATen op): save_pretrained and accelerate's save_model refused
+    (offloaded storages all at address 0 look shared), save_file wrote garbage or failed."""
+    saves = ("--save-pretrained", "sp", "--safetensors-out", "w.safetensors", "--numpy-out", "w.npz",
+             "--accelerate-save", "acc")
+    plan = profile_and_plan(tmp_path, "hf_llama.py", "--steps", 6)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "hf_llama.py", "--steps", 6, "--losses-out", "l.json", *saves)
+    proc, report = run_planned(tmp_path, plan, "hf_llama.py", "--steps", 6, "--losses-out", "l.json", *saves)
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
+    assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    assert_same_safetensors(tmp_path / "w.safetensors", plain / "w.safetensors")
+    assert_same_safetensors(tmp_path / "acc" / "model.safetensors", plain / "acc" / "model.safetensors")
+    mine, theirs = np.load(tmp_path / "w.npz"), np.load(plain / "w.npz")
+    assert all(np.array_equal(mine[k], theirs[k]) for k in theirs.files)
+    assert report.iterations_on_plan >= 3 and report.offloaded_bytes["ssd"] > 0
+    # the saves ran after the last step: the plan paused at their first op and said where
+    assert report.plan_pauses == 1 and "not the traced op" in report.pause_reason
+    assert report.per_iteration[-1].paused_at_kernel == -1  # the last training iteration was whole
+
+
+def test_evaluation_passes_pause_the_plan_which_resumes_and_training_stays_identical(tmp_path):
+    """Profiled without evaluation, run with an eval forward under no_grad after every third
+    step: the plan pauses at each eval's first op, resumes at the next iteration, and the
+    train and eval losses stay bit-identical."""
+    plan = profile_and_plan(tmp_path, "hf_llama.py", "--steps", 6)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    args = ("--steps", 10, "--eval-every", 3, "--losses-out", "l.json")
+    run_plain(plain, "hf_llama.py", *args)
+    _, report = run_planned(tmp_path, plan, "hf_llama.py", *args)
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
+    paused = [row.iteration for row in report.per_iteration if row.paused_at_kernel >= 0]
+    assert paused == [3, 6, 9] and report.plan_pauses == 3 and report.guard_trips == 0
+    assert [row.iteration for row in report.per_iteration if row.followed_plan] == [2, 4, 5, 7, 8]
+
+
+@pytest.mark.parametrize("variant", ["--lora", "--grad-ckpt", "--dynamic", "--autocast"])
+def test_peft_checkpointing_dynamic_padding_and_autocast_train_identically(tmp_path, variant):
+    """peft LoRA on a frozen base, transformers' gradient checkpointing, a sequence length
+    per batch (profiled at the longest: the plan pauses on the shorter ones), bf16 autocast:
+    each bit for bit like its plain run."""
+    plan = profile_and_plan(tmp_path, "hf_llama.py", "--steps", 6, *([variant] if variant != "--dynamic" else []))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "hf_llama.py", "--steps", 7, variant, "--losses-out", "l.json", "--save-pretrained", "sp")
+    _, report = run_planned(tmp_path, plan, "hf_llama.py", "--steps", 7, variant, "--losses-out", "l.json",
+                            "--save-pretrained", "sp")
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
+    saved = "adapter_model.safetensors" if variant == "--lora" else "model.safetensors"
+    assert_same_safetensors(tmp_path / "sp" / saved, plain / "sp" / saved)
+    assert sum(report.offloaded_bytes.values()) > 0
+
+
+def test_hf_trainer_checkpoints_and_final_save_hold_true_values(tmp_path):
+    """Trainer with save_steps and save_model at the end (safetensors, optimizer.pt)."""
+    shutil.copy(CLIENTS / "hf_llama.py", tmp_path)  # the Trainer script imports the model from it
+    plan = profile_and_plan(tmp_path, "hf_trainer.py", "prof", "--steps", 10, "--save-steps", 4)
+    run_plain(tmp_path, "hf_trainer.py", "plain", "--steps", 10, "--save-steps", 4)
+    _, report = run_planned(tmp_path, plan, "hf_trainer.py", "run", "--steps", 10, "--save-steps", 4)
+    assert json.loads((tmp_path / "run/losses.json").read_text()) == \
+        json.loads((tmp_path / "plain/losses.json").read_text())
+    for saved in ("final", "checkpoint-4", "checkpoint-8"):
+        assert_same_safetensors(tmp_path / "run" / saved / "model.safetensors",
+                                tmp_path / "plain" / saved / "model.safetensors")
+    mine, theirs = (torch.load(tmp_path / d / "checkpoint-8" / "optimizer.pt") for d in ("run", "plain"))
+    assert all(torch.equal(mine["state"][i][k], theirs["state"][i][k]) for i in theirs["state"]
+               for k in theirs["state"][i])
+    assert report.iterations_on_plan >= 2
+
+
+def test_resident_block_gives_raw_readers_the_true_bytes(tmp_path):
+    """`teraio.resident()` around a reader that uses only raw pointers (here ctypes)."""
+    script = tmp_path / "raw.py"
+    script.write_text(RAW_READER)
+    plan = profile_and_plan(tmp_path, script)
+    ok(teraio("run", "--plan", plan, "--ssd-dir", tmp_path / "ssd", "--", "python", script, cwd=tmp_path))
+    digests = json.loads((tmp_path / "digests.json").read_text())
+    assert digests["resident"] == digests["by_ops"]
+
+
+RAW_READER = '''
+import ctypes, hashlib, json
+import torch
+import teraio
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(6):
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+def raw_digest():  # reads memory the way a C extension would: no ATen op
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(ctypes.string_at(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes()))
+    return h.hexdigest()
+
+with teraio.resident():
+    resident = raw_digest()
+by_ops = hashlib.sha256(b"".join(p.detach().clone().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                                 for p in model.parameters())).hexdigest()
+json.dump({"resident": resident, "by_ops": by_ops}, open("digests.json", "w"))
+'''
