@@ -32,7 +32,16 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         peak = max(row.host_pool_peak_bytes for row in r.per_iteration)
         out.print(f"  [yellow]{format_bytes(spilled)} went to the other tier[/]: the host pool (peak "
                   f"{format_bytes(peak)}) had no room; plan with a larger --host-mem")
+    for folder, reason in r.closed_swap_dirs.items():
+        moved = f"; {format_bytes(r.ssd_to_host_bytes)} planned for the SSD went to the host pool" \
+            if r.ssd_to_host_bytes else ""
+        out.print(f"  [yellow]{reason}[/]: no more swap files went to {folder}{moved}")
+    for tensor, failure in r.lost_tensors.items():
+        out.print(f"  [red]data lost[/]: {tensor}, its swap file could not be read back ({failure})")
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
               f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
+    if r.plan_pauses:
+        out.print(f"  plan paused in {r.plan_pauses} iteration(s) at ops unlike the trace's (evaluation, "
+                  f"saving, another batch shape) and resumed at the next; first: {r.pause_reason}")

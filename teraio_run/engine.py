@@ -8,19 +8,36 @@ A storage leaves device memory by `untyped_storage().resize_(0)` after its bytes
 in a tier, and comes back by `resize_(nbytes)` and a copy in: every view and every
 saved-for-backward reference sees the data again (DESIGN.md, runtime mechanics).
 
-States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching -> resident.
+States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching -> resident,
+and lost: a swap file that could not be read back (Note [Lost swap files]).
+
+Note [Lost swap files]
+A swap file that vanished (its folder removed while the job runs) holds bytes that exist
+nowhere else: training cannot go on exactly. The op that needs the tensor raises
+SwapDataLost, one line naming the tensor and the file, and so does every later op that needs
+it (a script that catches the error cannot train on garbage). It is raised inside the
+dispatch mode, possibly in an autograd thread; autograd re-raises it in the thread that
+called backward(), so it reaches the script's top level like any error of the job. There a
+hook installed at the first loss prints the one line instead of a traceback through the
+job's, PyTorch's and our frames (ours say nothing the line does not), and Python exits with
+status 1 after the atexit handlers: the report is written and counts the loss. A script that
+swallows the error still exits with status 1 (teraio_run/report.py, finish).
 """
 
+import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from teraio.errors import TeraioError
 from teraio.formats.trace import Kind
-from teraio_run.tiers import Transfer
+from teraio_run.tiers import CopyFailed, Transfer
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
+LOST = "lost"
 MOVABLE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
 
 
@@ -45,11 +62,15 @@ class Stats:
     stalls_by_tensor: dict = field(default_factory=dict)
     deadline_misses: int = 0
     cancelled_offloads: int = 0
-    io_errors: int = 0
+    io_errors: int = 0        # copies that failed: writes to a closed folder, reads of a lost file
+    lost_tensors: dict = field(default_factory=dict)  # tensor id -> the swap file it could not be read from
+    closed_dirs: dict = field(default_factory=dict)   # swap folder -> why it takes no more writes
+    ssd_to_host_bytes: int = 0  # offloads planned for the SSD that went to the host pool: no folder took writes
     skipped: int = 0
     evictions: int = 0
     oom_retries: int = 0
-    other_tier_bytes: int = 0  # offloads placed on the other tier: the host pool had no room
+    other_tier_bytes: int = 0  # offloads placed on the SSD tier: the host pool had no room
+    offloaded_bytes_by_kind: dict = field(default_factory=dict)  # parameter, gradient, ... -> bytes
 
     def stall(self, cause: str, tensor_id: str, seconds: float) -> None:
         self.stall_count += 1
@@ -106,6 +127,8 @@ class MigrationEngine:
         moved = self.moved.get(record.key)
         if moved is None:
             return
+        if moved.state == LOST:
+            raise SwapDataLost(lost_message(record.id, self.stats.lost_tensors[record.id]))
         t0 = time.perf_counter()
         if moved.state == OFFLOADING:
             self._cancel_offload(record, moved)
@@ -156,21 +179,26 @@ class MigrationEngine:
         """Release the device memory of a copy-out once its bytes are in the tier (waiting
         for them unless `done`); on an I/O error keep the tensor."""
         moved = self.copying_out.pop(key)
-        error = None
-        if not done:
-            try:
-                moved.transfer.wait()
-            except Exception as err:  # noqa: BLE001 - any failed copy: the tensor stays on the device
-                error = err
-        error = error or moved.transfer.error()
+        error = moved.transfer.error() if done else moved.transfer.wait()
         record = records_by_key.get(key)
         if error is not None or record is None:
             if error is not None:
                 self.stats.io_errors += 1  # disk full, folder gone: the tensor stays put
+                self._say_closed_dirs(moved.tier)
             self._release_slot(moved)
             del self.moved[key]
             return
         self._release_device(record, moved)
+
+    def _say_closed_dirs(self, tier) -> None:
+        """Once per folder, the moment a failed write closes it (Note [Closed swap folders])."""
+        for run_dir, reason in list(getattr(tier, "closed", {}).items()):
+            if str(run_dir) not in self.stats.closed_dirs:
+                self.stats.closed_dirs[str(run_dir)] = reason
+                left = "the other swap folders and the host pool" if len(tier.closed) < len(tier.run_dirs) \
+                    else "the host pool (or they stay on the device)"
+                print(f"teraio: warning: {reason}: it takes no more swap files; offloads go to {left}",
+                      file=sys.stderr)
 
     def _place(self, tier_name: str, nbytes: int):
         """(tier, slot): the planned tier, or the other one when the host pool is full."""
@@ -181,8 +209,10 @@ class MigrationEngine:
                 continue
             slot = self._host_slot(tier.pool, nbytes) if tier.name == "host" else tier.new_slot()
             if slot is not None:
-                if tier.name != tier_name:
+                if tier.name != tier_name and tier.name == "ssd":
                     self.stats.other_tier_bytes += nbytes
+                elif tier.name != tier_name:
+                    self.stats.ssd_to_host_bytes += nbytes
                 return tier, slot
         return None
 
@@ -217,13 +247,26 @@ class MigrationEngine:
         moved.state = PREFETCHING
 
     def _finish_prefetch(self, record, moved: Moved) -> None:
-        moved.transfer.wait()
+        failed = moved.transfer.wait()
+        if failed is not None:
+            self._lose(record, moved, failed)
         self.stats.prefetched_bytes[moved.tier.name] += moved.nbytes
         del self.moved[record.key]
         if moved.transfer.done():
             self._release_slot(moved)
         else:
             self.releasing.append(moved)  # a stream copy still reads the pool slice
+
+    def _lose(self, record, moved: Moved, failed: CopyFailed) -> None:
+        """Note [Lost swap files]: free the garbage, keep the tensor marked, raise."""
+        moved.storage.resize_(0)
+        moved.storage, moved.state = None, LOST
+        self.offloaded_now += moved.nbytes
+        self._release_slot(moved)
+        self.stats.io_errors += 1
+        self.stats.lost_tensors[record.id] = str(failed)
+        install_one_line_errors()
+        raise SwapDataLost(lost_message(record.id, str(failed)))
 
     def _reap_released(self) -> None:
         """Free the pool slots of finished copy-ins, oldest first (one stream: in order)."""
@@ -268,6 +311,8 @@ class MigrationEngine:
         moved.state = OFFLOADED
         self.offloaded_now += moved.nbytes
         self.stats.offloaded_bytes[moved.tier.name] += moved.nbytes
+        by_kind = self.stats.offloaded_bytes_by_kind
+        by_kind[record.kind.name] = by_kind.get(record.kind.name, 0) + moved.nbytes
 
     def _release_slot(self, moved: Moved) -> None:
         if moved.tier.name == "host":
@@ -287,10 +332,11 @@ class MigrationEngine:
             moved = self.moved.pop(key, None)
             self.copying_out.pop(key, None)
             if moved is not None:
-                if moved.state == OFFLOADED:
+                if moved.state in (OFFLOADED, LOST):
                     self.offloaded_now -= moved.nbytes
                 _wait_quietly(moved.transfer)
-                self._release_slot(moved)
+                if moved.state != LOST:  # its slot went with the loss
+                    self._release_slot(moved)
 
     def restore_all(self, records_by_key) -> None:
         """Bring every tensor back (checkpointing, shutdown, a plan we stopped following)."""
@@ -301,9 +347,49 @@ class MigrationEngine:
 
 
 def _wait_quietly(transfer: Transfer | None) -> None:
-    if transfer is None:
-        return
-    try:
+    """Wait for a copy whose outcome no longer matters (the caller keeps or discards the tensor)."""
+    if transfer is not None:
         transfer.wait()
-    except OSError:
-        pass  # the copy failed: the caller keeps or discards the tensor either way
+
+
+class SwapDataLost(TeraioError):
+    """A swap file could not be read back: the tensor's bytes are gone (Note [Lost swap files])."""
+
+
+def lost_message(tensor_id: str, failure: str) -> str:
+    return (f"the bytes of {tensor_id} are lost: its swap file could not be read back ({failure}); "
+            "training cannot go on exactly. Keep every --ssd-dir in place while the job runs, "
+            "and restart from the last checkpoint")
+
+
+def install_one_line_errors() -> None:
+    """Note [Lost swap files]: an uncaught SwapDataLost prints as its one line, in any thread."""
+    if getattr(sys.excepthook, "teraio_one_line", False):
+        return
+    previous, previous_thread = sys.excepthook, threading.excepthook
+
+    def hook(kind, err, tb):
+        lost = _lost_in_chain(err)
+        if lost is None:
+            return previous(kind, err, tb)
+        print(f"teraio: error: {lost}", file=sys.stderr)
+
+    def thread_hook(args):
+        lost = _lost_in_chain(args.exc_value)
+        if lost is None:
+            return previous_thread(args)
+        print(f"teraio: error: {lost}", file=sys.stderr)
+
+    hook.teraio_one_line = True
+    sys.excepthook, threading.excepthook = hook, thread_hook
+
+
+def _lost_in_chain(err: BaseException | None) -> SwapDataLost | None:
+    """The SwapDataLost behind an error, also one the script wrapped in its own."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, SwapDataLost):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

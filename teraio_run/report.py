@@ -1,11 +1,12 @@
 """The run report: written and summarised when the training process exits."""
 
+import os
 import sys
 
 import numpy as np
 import torch
 
-from teraio import __version__
+from teraio import __version__, compile_guard
 from teraio.formats.common import Producer
 from teraio.formats.report import ReportHeader, RunReport, save_report
 from teraio.settings import rank_path
@@ -27,6 +28,7 @@ def build_report(agent, context) -> RunReport:
         iterations_on_plan=agent.iterations_on_plan,
         io_backend=context.io_backend,
         offloaded_bytes=stats.offloaded_bytes,
+        offloaded_bytes_by_kind=dict(sorted(stats.offloaded_bytes_by_kind.items())),
         prefetched_bytes=stats.prefetched_bytes,
         achieved_gbps=_achieved_gbps(agent),
         stall_count=stats.stall_count,
@@ -36,6 +38,9 @@ def build_report(agent, context) -> RunReport:
         deadline_misses=stats.deadline_misses,
         cancelled_offloads=stats.cancelled_offloads,
         io_errors=stats.io_errors,
+        lost_tensors=stats.lost_tensors,
+        closed_swap_dirs=stats.closed_dirs,
+        ssd_to_host_bytes=stats.ssd_to_host_bytes,
         skipped_actions=stats.skipped,
         on_demand_evictions=stats.evictions,
         oom_retries=stats.oom_retries,
@@ -43,6 +48,9 @@ def build_report(agent, context) -> RunReport:
         budget_bytes=agent.budget_bytes,
         guard_trips=agent.guard_trips,
         guard_reason=agent.guard_reason,
+        plan_pauses=agent.plan_pauses,
+        pause_reason=agent.pause_reason,
+        compiled_regions=compile_guard.count(),
         predicted_iteration_ms=predicted,
         measured_iteration_ms=round(float(measured), 3),
         kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,
@@ -77,7 +85,7 @@ def finish(agent, context) -> None:
     from teraio.views import print_report
 
     try:
-        if agent.iteration_s:
+        if agent.iteration_s or agent.engine.stats.io_errors:  # a failure is worth a report at any time
             report = build_report(agent, context)
             if context.settings.report:
                 save_report(report, rank_path(context.settings.report, context.settings.rank,
@@ -89,3 +97,14 @@ def finish(agent, context) -> None:
     finally:
         context.threads.shutdown(wait=True)
         remove_run_dirs(context)
+    if agent.engine.stats.lost_tensors and getattr(sys, "last_value", None) is None:
+        _exit_failed()
+
+
+def _exit_failed() -> None:
+    """Note [Lost swap files] (teraio_run/engine.py): the script caught the error and ended
+    normally, but trained on after losing bytes; its status must not say success. Python sets
+    sys.last_value for an uncaught error, which exits with 1 by itself."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

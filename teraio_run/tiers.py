@@ -17,10 +17,20 @@ Note [Stream ordering on CUDA]
 - SSD tier (KvikIO runs in its own threads, not on a stream): the I/O thread waits for the
   compute-stream event before touching device memory, and the engine waits for the future
   before the tensor is used (a real host wait, counted as a stall when not done in time).
+
+Note [Failed copies are values]
+A swap file that cannot be written (a full disk, a folder removed) or read back comes back
+from its I/O thread as a `CopyFailed`, never as a raised exception. An exception carries its
+traceback, whose frames hold the tensor being copied, and each re-raise in the job's thread
+adds the frames of the op being run, its outputs included. Kept alive that way, storages count
+against the budget (evicted in vain: a full disk ran 35x slower, 3x over budget) and change
+what autograd does: AccumulateGrad copies a gradient that something else references instead
+of stealing it, one op more, and the guard took the iteration for another job's.
 """
 
 import bisect
 import ctypes
+import errno
 import os
 import shutil
 import threading
@@ -40,10 +50,22 @@ def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return view.set_(storage, 0, (storage.nbytes(),), (1,))
 
 
+class CopyFailed:
+    """Why a thread copy failed (Note [Failed copies are values]): plain data, no traceback."""
+
+    __slots__ = ("path", "errno", "strerror")
+
+    def __init__(self, path: Path, err: OSError):
+        self.path, self.errno, self.strerror = path, err.errno, err.strerror or str(err)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.strerror}"
+
+
 class Transfer:
     """A copy in flight on one path (d2h, h2d, d2s, s2d): a future from a thread (its result
-    is the copy's (start, end) on the monotonic clock) or a pair of CUDA events around a
-    stream copy."""
+    is the copy's (start, end) on the monotonic clock, or a CopyFailed) or a pair of CUDA
+    events around a stream copy."""
 
     __slots__ = ("future", "event", "start", "path", "nbytes")
 
@@ -56,12 +78,17 @@ class Transfer:
             return False
         return self.event is None or self.event.query()
 
-    def wait(self) -> None:
-        """Blocks until done; re-raises an I/O error from the copy."""
+    def wait(self) -> CopyFailed | None:
+        """Blocks until done (a stream copy: the compute stream waits); returns its failure."""
         if self.future is not None:
-            self.future.result()
+            return self.error_when_done()
         if self.event is not None:
             torch.cuda.current_stream().wait_event(self.event)  # device-side: no host sync
+        return None
+
+    def error_when_done(self) -> CopyFailed | None:
+        result = self.future.result()
+        return result if isinstance(result, CopyFailed) else None
 
     def wait_host(self) -> None:
         """Blocks the host until the copy has finished (its source or target may be reused)."""
@@ -70,8 +97,8 @@ class Transfer:
         if self.event is not None:
             self.event.synchronize()
 
-    def error(self) -> BaseException | None:
-        return self.future.exception() if self.future is not None and self.future.done() else None
+    def error(self) -> CopyFailed | None:
+        return self.error_when_done() if self.future is not None and self.future.done() else None
 
     def interval_s(self) -> tuple[float, float] | None:
         """(start, end) of a finished thread copy, or (0, duration) of a stream copy."""
@@ -259,36 +286,49 @@ class KvikioFiles:
 
 
 class SsdTier:
-    """One swap file per tensor per SSD folder; large tensors are striped over all folders."""
+    """One swap file per tensor per SSD folder; large tensors are striped over all folders.
+
+    Note [Closed swap folders]: a folder whose write fails (the disk is full, the folder was
+    removed, it became read-only) takes no more writes for the rest of the run: retrying would
+    fail again at the cost of a copy each time, and on-demand eviction would keep choosing it.
+    Files already there are still read back. With every folder closed the tier has no slot to
+    give, so offloads go to the host pool or stay on the device."""
 
     name = "ssd"
     frees_at_once = False  # device memory is released once the I/O thread has read it
 
     def __init__(self, run_dirs: list[Path], files, cuda: bool, threads: ThreadPoolExecutor):
         self.run_dirs, self.files, self.cuda, self.threads = run_dirs, files, cuda, threads
+        self.closed: dict[Path, str] = {}  # run folder -> why it takes no more writes (I/O threads add)
+        self._chunks_of: dict[int, list] = {}  # slot -> [(path, lo, hi)] as written
         self._next = 0
         self._lock = threading.Lock()
 
-    def new_slot(self) -> int:
+    def new_slot(self) -> int | None:
+        """A slot for the next copy-out, or None when no folder takes writes."""
+        if len(self.closed) >= len(self.run_dirs):
+            return None
         with self._lock:
             self._next += 1
             return self._next
 
-    def _chunks(self, slot: int, nbytes: int):
-        dirs = self.run_dirs if nbytes >= STRIPE_MIN_BYTES else [self.run_dirs[slot % len(self.run_dirs)]]
+    def _place_chunks(self, slot: int, nbytes: int) -> list:
+        open_dirs = [d for d in self.run_dirs if d not in self.closed] or self.run_dirs
+        dirs = open_dirs if nbytes >= STRIPE_MIN_BYTES else [open_dirs[slot % len(open_dirs)]]
         step = -(-nbytes // len(dirs))
-        return [(d / f"{slot}.bin", i * step, min(nbytes, (i + 1) * step)) for i, d in enumerate(dirs)]
+        chunks = [(d / f"{slot}.bin", i * step, min(nbytes, (i + 1) * step)) for i, d in enumerate(dirs)]
+        self._chunks_of[slot] = chunks  # read back from where it was written, whatever closes later
+        return chunks
 
     def copy_out(self, storage, slot) -> Transfer:
         data = byte_view(storage)
-        ready = self._compute_event()
-        future = self.threads.submit(self._io, self.files.write, slot, data, ready)
+        chunks = self._place_chunks(slot, data.numel())
+        future = self.threads.submit(self._io, self.files.write, chunks, data, self._compute_event())
         return Transfer("d2s", data.numel(), future=future)
 
     def copy_in(self, storage, slot, after_out=None) -> Transfer:
         data = byte_view(storage)
-        ready = self._compute_event()
-        future = self.threads.submit(self._io, self.files.read, slot, data, ready)
+        future = self.threads.submit(self._io, self.files.read, self._chunks_of[slot], data, self._compute_event())
         return Transfer("s2d", data.numel(), future=future)
 
     def _compute_event(self):
@@ -298,17 +338,32 @@ class SsdTier:
         event.record()
         return event
 
-    def _io(self, op, slot, data, ready) -> tuple[float, float]:
+    def _io(self, op, chunks, data, ready) -> tuple[float, float] | CopyFailed:
         if ready is not None:
             ready.synchronize()  # the compute stream has finished with (or allocated) this memory
         t0 = time.perf_counter()
-        for path, lo, hi in self._chunks(slot, data.numel()):
-            op(path, data[lo:hi])
+        for path, lo, hi in chunks:
+            try:
+                op(path, data[lo:hi])
+            except OSError as err:  # Note [Failed copies are values]: no traceback leaves this frame
+                failed = CopyFailed(path, err)
+                if op == self.files.write:
+                    self.closed.setdefault(path.parent, closed_reason(path.parent, failed))
+                return failed
         return t0, time.perf_counter()
 
     def discard(self, slot: int, nbytes: int) -> None:
-        for path, _, _ in self._chunks(slot, nbytes):
+        for path, _, _ in self._chunks_of.pop(slot, ()):
             path.unlink(missing_ok=True)
+
+
+def closed_reason(run_dir: Path, failed: CopyFailed) -> str:
+    """Why a swap folder takes no more writes, in the words a user searches for."""
+    if failed.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full on {run_dir.parent}"
+    if failed.errno == errno.ENOENT:
+        return f"the swap folder {run_dir} is gone"
+    return f"cannot write swap files to {run_dir} ({failed.strerror})"
 
 
 def make_run_dirs(ssd_dirs: list[str], rank: int) -> list[Path]:

@@ -44,6 +44,8 @@ class IterationRow(Strict):
                                 "summed): near the iteration time, the iteration is bound by the links")
     other_tier_bytes: int = Field(0, description="offloads put on the other tier: the host pool had no room")
     host_pool_peak_bytes: int = Field(0, description="the most the host pool held at once")
+    paused_at_kernel: int = Field(-1, description="the kernel where an op unlike the trace's paused the plan "
+                                  "for the rest of the iteration (-1: not paused)")
 
 
 class RunReport(Strict):
@@ -52,6 +54,9 @@ class RunReport(Strict):
     iterations_on_plan: int
     io_backend: Literal["gds", "compat", "posix", "none"]
     offloaded_bytes: dict[str, int]
+    offloaded_bytes_by_kind: dict[str, int] = Field(
+        default_factory=dict, description="bytes released from the device per tensor kind (parameter, "
+        "gradient, optimizer_state, activation): what kinds of tensors really moved")
     prefetched_bytes: dict[str, int]
     achieved_gbps: dict[str, float] = Field(
         default_factory=dict, description="bytes moved / time busy, per path (d2h, h2d, d2s, s2d), GB/s")
@@ -61,14 +66,29 @@ class RunReport(Strict):
     top_stalled_tensors: dict[str, float]
     deadline_misses: int
     cancelled_offloads: int
-    io_errors: int
+    io_errors: int = Field(description="copies that failed: writes to a full or vanished swap folder, reads of "
+                           "a swap file that vanished")
+    lost_tensors: dict[str, str] = Field(
+        default_factory=dict, description="tensors whose swap file could not be read back (id -> file and why): "
+        "their bytes are lost and the job stopped")
+    closed_swap_dirs: dict[str, str] = Field(
+        default_factory=dict, description="swap folders that took no more writes after one failed (folder -> why: "
+        "disk full, gone, not writable)")
+    ssd_to_host_bytes: int = Field(0, description="offloads planned for the SSD tier that went to the host pool: "
+                                   "no swap folder took writes")
     skipped_actions: int
     on_demand_evictions: int
     oom_retries: int
     peak_device_bytes: int
     budget_bytes: int
-    guard_trips: int
+    guard_trips: int = Field(description="the profiled iteration did not match the plan's trace: a plan "
+                             "made for another job")
     guard_reason: str
+    plan_pauses: int = Field(0, description="iterations where the plan paused at an op unlike the trace's "
+                             "(evaluation, logging, saving, a short last batch) and resumed at the next one")
+    pause_reason: str = Field("", description="the first pause: where, and which op")
+    compiled_regions: int = Field(0, description="torch.compile calls in this job: under TeraIO they run "
+                                  "eager, with eager numerics (Note [Compile under the walk])")
     predicted_iteration_ms: float
     measured_iteration_ms: float
     kernel_time_drift: float | None
