@@ -25,6 +25,8 @@ class Settings:
     warmup: int = 1                      # iterations skipped before the recorded one
     iterations: int = 2                  # iterations profiled (kernel times are their median)
     run_to_completion: bool = False      # keep training after the profile is written
+    steps_per_iteration: int = 0         # optimizer steps per iteration (0 = find the cycle)
+    step_timeout_s: int = 300            # stop a job with no optimizer step this long after its first op (0 = never)
     # run
     plan: str = ""                       # plan file (per-rank: path with .rankN inserted)
     ssd_dirs: list[str] = field(default_factory=list)

@@ -18,9 +18,34 @@ stable across iterations and processes and readable in a plan diff:
 Tensors first met as an op input (made before the walk started, or outside ATen) are named
 like births with `in` instead of the output index.
 
+Note [Tensor subclasses]
+A wrapper subclass (DTensor: FSDP2's sharded parameters, their gradients and optimizer state)
+holds no memory of its own: its untyped_storage() is a placeholder the size of the *global*
+tensor with no data behind it, and copying it out reads address 0 (FSDP2 runs died of a
+segmentation fault so). Its inner tensors (`__tensor_flatten__`: a DTensor's local shard) hold
+the bytes, so the walk names and moves those, under the wrapper's id. Dispatch modes run
+before subclasses, so the walk meets the wrapper at the op and makes its local shard resident
+before DTensor's own dispatch runs the local ops (which no mode sees).
+
+Note [FSDP2 unsharded parameters]
+FSDP2 (`fully_shard`) all-gathers a module's parameters into storages of its own before the
+module runs and frees them again after it with `untyped_storage().resize_(0)`, re-allocating
+with `resize_(nbytes)` at the next all-gather, all outside any ATen op. Those storages are
+FSDP2's to free: had we moved one out, FSDP2's resize would free the memory under our copy
+(a crash) or hand the module garbage. They are the plain tensors registered as parameters of
+an FSDP module while it runs (its sharded parameters are DTensors), so the walk pins them
+when such a module's forward returns, before FSDP2's own post-forward hook frees them. The
+sharded parameters, gradients and optimizer state, which FSDP2 never resizes, still move.
+
 Note [Iteration boundary]
-An iteration ends when an optimizer step finishes (the global step post-hook), so an
-unmodified script needs nothing; loops without a torch optimizer call `teraio_step()`.
+A step ends when an optimizer step finishes (the global step post-hook), so an unmodified
+script needs nothing; loops without a torch optimizer call `teraio_step()`. An iteration is
+`steps_per_iteration` steps counted from the job's first: a loop that steps two optimizers
+(one for the body, one for the head) or several times per cycle repeats only as a whole,
+and a plan keyed by kernel index holds only over whole cycles. The profiler finds the
+cycle (Note [Steady state] in teraio_profile/recorder.py) and writes it into the trace; the
+plan carries it to the runtime. Counting from the first step is what lines profile and run
+up: both see the same steps in the same order.
 
 Note [Multi-tensor ops]
 A fused or foreach optimizer step (`_fused_adamw_`, `_foreach_mul_`, ...) is one ATen op over
@@ -34,6 +59,7 @@ previous chunk runs.
 """
 
 import itertools
+import sys
 import zlib
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -41,7 +67,7 @@ from time import perf_counter
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from teraio.formats.trace import Kind, Phase
 
@@ -54,7 +80,8 @@ MULTI_TENSOR_CHUNK_BYTES = 512 * 2**20   # Note [Multi-tensor ops]: ~100 launche
 class StorageRecord:
     """What the walk knows of one live storage."""
 
-    __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration", "pinned")
+    __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration", "pinned",
+                 "collective")
 
     def __init__(self, key, tensor_id, kind, tensor, storage, iteration):
         self.key = key
@@ -66,7 +93,17 @@ class StorageRecord:
         self.shape = list(tensor.shape) if self.nbytes else []
         self.ref = StorageWeakRef(storage)
         self.born_iteration = iteration
-        self.pinned = False   # used by a collective: never moved (Note [Collective buffers])
+        self.pinned = False   # never moved (Note [Collective buffers], Note [FSDP2 unsharded parameters])
+        self.collective = None  # the c10d Work of the last collective on it (Note [Collective buffers])
+
+    def in_collective(self) -> bool:
+        """Whether a collective may still read or write it (Note [Collective buffers])."""
+        if self.collective is None:
+            return False
+        if self.collective.is_completed():
+            self.collective = None  # a Work holds its tensors: keeping it would keep them alive
+            return False
+        return True
 
     def storage(self):
         """A strong reference to the storage, or None if it has been freed."""
@@ -82,6 +119,9 @@ class WalkListener:
 
     def after_op(self, k: int, func, inputs: list[StorageRecord], new: list[StorageRecord],
                  signature: int) -> None: ...
+
+    def on_step_end(self) -> None:
+        """An optimizer step (or teraio_step) ended; on_iteration_end follows when it ends one."""
 
     def on_iteration_end(self, iteration: int, num_kernels: int) -> None: ...
 
@@ -179,13 +219,73 @@ def tensors_in(obj, found: list) -> list:
     return found
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def storage_holders(tensor: torch.Tensor) -> list:
+    """The tensors that hold `tensor`'s bytes: itself, or a wrapper subclass's inner tensors
+    (Note [Tensor subclasses])."""
+    if type(tensor) in _PLAIN_TENSORS or not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    inners = [getattr(tensor, name) for name in names]  # DTensor lists its DeviceMesh too
+    return [held for inner in inners if isinstance(inner, torch.Tensor) for held in storage_holders(inner)]
+
+
+def _any_subclass(tensors) -> bool:
+    for tensor in tensors:  # a loop: half the cost of any() over a generator, once per op
+        if type(tensor) not in _PLAIN_TENSORS:
+            return True
+    return False
+
+
+def _fsdp_module_class():
+    """FSDP2's module class, once the job has imported FSDP (no import cost otherwise)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return getattr(fsdp, "FSDPModule", None)
+
+
+def _waited_by_caller(func, args, kwargs) -> bool:
+    """Whether a c10d op was called with async_op=False: its Python caller waits for it before
+    anything else runs (gloo's Work of a waited reduce-scatter never says it completed)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "async_op":
+            return not kwargs.get("async_op", args[i] if i < len(args) else arg.default_value)
+    return False
+
+
+class _StreamMark:
+    """Completes like a c10d Work once a CUDA stream has passed the point where it was made."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, stream):
+        self.event = stream.record_event()
+
+    def is_completed(self) -> bool:
+        return self.event.query()
+
+
+def _work_of(out):
+    """The c10d Work a collective returned (alone or last in a tuple), or None."""
+    last = out[-1] if isinstance(out, tuple) and out else out
+    if not isinstance(last, torch.ScriptObject):
+        return None
+    try:
+        return torch.distributed.distributed_c10d.Work.unbox(last)
+    except (AttributeError, RuntimeError):
+        return None
+
+
 class OpWalk(TorchDispatchMode):
     """Numbers every ATen op on the watched device and names every storage it touches."""
 
-    def __init__(self, listener: WalkListener, device_type: str):
+    def __init__(self, listener: WalkListener, device_type: str, steps_per_iteration: int = 1):
         super().__init__()
         self.listener = listener
         self.device_type = device_type
+        self.steps_per_iteration = steps_per_iteration  # Note [Iteration boundary]
+        self.steps = 0                # optimizer steps (or teraio_step calls) since the job started
         self.iteration = 0
         self.kernel = 0               # index of the next op within the current iteration
         # Host seconds spent in the walk and listener around ops, and inside the ops themselves
@@ -202,6 +302,9 @@ class OpWalk(TorchDispatchMode):
         # id(optimizer) -> (state entries, tensors in the newest) at the last look
         self._state_marks: dict[int, tuple[int, int]] = {}
         self._handles = []
+        self._in_collective: list[StorageRecord] = []  # records holding a Work (Note [Collective buffers])
+        self._waited: list[StorageRecord] = []  # those of the last collective its caller waits for
+        self._waited_on = None                  # and the CUDA stream it was called on
         # Tensor.is_cuda / is_cpu are cheaper than building a torch.device per tensor per op.
         self._on_device = (lambda t: t.is_cuda) if device_type == "cuda" else (lambda t: t.is_cpu)
 
@@ -229,6 +332,19 @@ class OpWalk(TorchDispatchMode):
     def _module_exit(self, module, args, output):
         if self.scope:
             self.scope.pop()
+        fsdp_module = _fsdp_module_class()
+        if fsdp_module is not None and isinstance(module, fsdp_module):
+            self._pin_unsharded(module)
+
+    def _pin_unsharded(self, module) -> None:
+        """Note [FSDP2 unsharded parameters]: called as an FSDP module's forward returns, while
+        its all-gathered parameters are still registered (its sharded ones are DTensors)."""
+        for param in module.parameters():
+            if type(param) not in _PLAIN_TENSORS or not self._on_device(param):
+                continue
+            record = self.records.get(param.untyped_storage()._cdata)
+            if record is not None and not record.pinned:
+                record.kind, record.pinned = Kind.other, True
 
     def wrapped_in_ddp(self) -> bool:
         """Whether the model is wrapped in DistributedDataParallel (known once it has run)."""
@@ -264,7 +380,7 @@ class OpWalk(TorchDispatchMode):
     def _optimizer_exit(self, optimizer, args, kwargs):
         self.in_optimizer = False
         self.refresh_owners()
-        self.end_iteration()
+        self.end_step()
 
     def _name_new_optimizer_state(self) -> None:
         """Inside a step: name optimizer state as the step creates it. The first step of
@@ -307,6 +423,12 @@ class OpWalk(TorchDispatchMode):
                 self._own(value, f"{name}:{key}", Kind.optimizer_state)
 
     def _own(self, tensor: torch.Tensor, tensor_id: str, kind: Kind) -> None:
+        # Note [Tensor subclasses]: a DTensor's bytes are its local shard's, named as the DTensor
+        holders = (tensor,) if type(tensor) in _PLAIN_TENSORS else storage_holders(tensor)
+        for holder in holders:
+            self._own_storage(holder, tensor_id, kind)
+
+    def _own_storage(self, tensor: torch.Tensor, tensor_id: str, kind: Kind) -> None:
         if tensor.device.type != self.device_type:
             return
         key = tensor.untyped_storage()._cdata
@@ -320,6 +442,13 @@ class OpWalk(TorchDispatchMode):
         # birth op. Anything the owners hold across a boundary is resolved by owner name.
         if kind != Kind.gradient or record.born_iteration < self.iteration:
             record.id = tensor_id
+
+    def end_step(self) -> None:
+        """Note [Iteration boundary]: every steps_per_iteration-th step ends an iteration."""
+        self.steps += 1
+        self.listener.on_step_end()
+        if self.steps % self.steps_per_iteration == 0:
+            self.end_iteration()
 
     def end_iteration(self) -> None:
         num_kernels = self.kernel
@@ -350,13 +479,15 @@ class OpWalk(TorchDispatchMode):
         self.kernel += 1
         if self.in_optimizer:
             self._name_new_optimizer_state()
+        if self._waited:
+            self._collective_waited()
         inputs = self._records_of(tensors_in(kwargs, tensors_in(args, [])), func, "in")
-        if func.namespace == "c10d":
-            self._pin(inputs)
         self.listener.before_op(k, func, inputs)
         t1 = perf_counter()
         out = self._call(func, args, kwargs, inputs)
         t2 = perf_counter()
+        if func.namespace == "c10d":
+            self._pin(inputs, _work_of(out), _waited_by_caller(func, args, kwargs))
         out_tensors = tensors_in(out, [])
         known = {r.key for r in inputs}
         new = [r for r in self._records_of(out_tensors, func, None) if r.key not in known]
@@ -377,24 +508,54 @@ class OpWalk(TorchDispatchMode):
                     raise
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def _pin(records) -> None:
+    def _pin(self, records, work, waited: bool) -> None:
         """Note [Collective buffers]: a collective returns before its transfer is done (gloo
-        threads, NCCL streams) and DDP keeps its buckets for the whole run, so whatever a
-        c10d op touches is never a candidate for moving: it becomes kind `other`."""
+        threads, NCCL streams), so whatever a c10d op touches stays on the device until the
+        Work it returned has completed (StorageRecord.in_collective), or, called with
+        async_op=False, until the next op (its caller waits for it first: on CUDA the compute
+        stream waits, and our copies wait for the compute stream); after a collective without
+        a Work, for good. Communication buffers (DDP's buckets, FSDP2's all-gather
+        and reduce-scatter inputs) are reused or read by communication threads where no
+        dispatch mode runs: nobody owns them, so they become kind `other` and never move.
+        What the model or optimizer owns moves again once the collective has completed: FSDP2's
+        gradients are views of a reduce-scatter's output, owned (named) right after it."""
+        owned = self.owners.by_key
+        self._in_collective = [r for r in self._in_collective if r.in_collective()]
         for record in records:
-            record.kind, record.pinned = Kind.other, True
+            record.collective = work
+            if work is None:
+                record.pinned = True
+            else:
+                self._in_collective.append(record)
+            if work is None or record.key not in owned:
+                record.kind = Kind.other
+        if waited and work is not None:
+            self._waited = records
+            self._waited_on = torch.cuda.current_stream() if self.device_type == "cuda" else None
+
+    def _collective_waited(self) -> None:
+        """The next op after a collective called with async_op=False: its caller has waited.
+        On the CPU it is done; on CUDA the stream it ran on waits for it, so it is done once
+        that stream gets past this point (our copies may run on other streams)."""
+        mark = None if self._waited_on is None else _StreamMark(self._waited_on)
+        for record in self._waited:
+            record.collective = mark
+        self._waited = []
 
     def _records_of(self, leaves, func, label) -> list[StorageRecord]:
         records, seen = [], set()
         index = 0
         on_device = self._on_device
+        if _any_subclass(leaves):
+            leaves = [inner for leaf in leaves for inner in storage_holders(leaf)]  # Note [Tensor subclasses]
         for leaf in leaves:
             if not on_device(leaf):
                 continue
             index += 1
             try:
                 storage = leaf.untyped_storage()
+                if type(leaf) not in _PLAIN_TENSORS:
+                    storage.data_ptr()  # a wrapper subclass that owns no memory raises here
             except (RuntimeError, NotImplementedError):
                 continue  # sparse and other storage-less tensors are not ours to move
             key = storage._cdata
@@ -428,6 +589,7 @@ class OpWalk(TorchDispatchMode):
 
     def forget_expired(self) -> list[StorageRecord]:
         """Drop records of freed storages; returns them (the profiler timestamps their death)."""
+        self._in_collective = [r for r in self._in_collective if r.in_collective()]  # let their Works go
         dead = [r for r in self.records.values() if r.ref.expired()]
         for record in dead:
             del self.records[record.key]
@@ -435,10 +597,11 @@ class OpWalk(TorchDispatchMode):
 
 
 def teraio_step() -> None:
-    """Explicit iteration marker for loops that have no torch optimizer."""
+    """Explicit step marker for loops that have no torch optimizer: call it where the loop
+    would call optimizer.step() (Note [Iteration boundary])."""
     walk = _active_walk()
     if walk is not None:
-        walk.end_iteration()
+        walk.end_step()
 
 
 _ACTIVE: list[OpWalk] = []

@@ -1,8 +1,20 @@
-"""The profiler inside the training process, started by the bootstrap from TERAIO_* settings."""
+"""The profiler inside the training process, started by the bootstrap from TERAIO_* settings.
+
+Note [No step]
+A script that never calls optimizer.step() (nor teraio_step()) never ends an iteration: the
+profile would learn that only when the whole job has run, or never for an endless loop. So
+a daemon timer starts at the job's first op on the device, and if no step has ended when
+--step-timeout runs out it writes the reason into its status file (which `teraio profile`
+prints) and ends the process with NO_STEP_EXIT_CODE. It ends it with os._exit because
+the main thread may be anywhere (inside the user's loop, in a C call, under a bare except);
+nothing of the job is worth keeping then: no trace was written.
+"""
 
 import hashlib
 import json
+import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -17,22 +29,56 @@ from teraio.walk import OpWalk, WalkListener, activate, deactivate
 from teraio_profile.recorder import TraceRecorder
 from teraio.settings import Settings, rank_path, status_path
 
+NO_STEP_EXIT_CODE = 124   # what `timeout` exits with
+
 
 class ProfileAgent(WalkListener):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.device_type = settings.device_type()
-        self.recorder = TraceRecorder(self.device_type, settings.warmup, settings.iterations)
-        self.walk = OpWalk(self, self.device_type)
+        self.recorder = TraceRecorder(self.device_type, settings.warmup, settings.iterations,
+                                      settings.steps_per_iteration)
+        self.walk = OpWalk(self, self.device_type, settings.steps_per_iteration or 1)
         self.recorder.walk = self.walk
         self.written = None
+        self._watchdog: threading.Timer | bool = False   # Note [No step]; False until the first op
 
     # The agent is the walk's listener and forwards to the recorder, so it can act at the end.
     def before_op(self, k, func, inputs):
         self.recorder.before_op(k, func, inputs)
 
     def after_op(self, k, func, inputs, new, signature):
+        if self._watchdog is False and (inputs or new):  # the first op that touched the device
+            self._watchdog = self._start_watchdog()
         self.recorder.after_op(k, func, inputs, new, signature)
+
+    def on_step_end(self):
+        self.recorder.on_step_end()
+
+    def _start_watchdog(self) -> threading.Timer | None:
+        timeout_s = self.settings.step_timeout_s
+        if timeout_s <= 0:
+            return None
+        timer = threading.Timer(timeout_s, self._no_step_seen, args=(timeout_s,))
+        timer.daemon = True   # never keeps a finished job alive
+        timer.start()
+        return timer
+
+    def _no_step_seen(self, timeout_s: int) -> None:
+        """Note [No step]: the timer ran out; stop the job unless a step has ended since."""
+        if self.walk.steps:
+            return
+        reason = (f"no optimizer step was seen in {timeout_s} s after the job's first op on the device: "
+                  "profile a script that trains, call teraio.walk.teraio_step() at the end of each "
+                  "iteration of a loop without a torch optimizer, or raise --step-timeout (0 = no limit)")
+        if not self.write_status(error=reason):
+            print(f"teraio: error: {reason}", file=sys.stderr)  # no launcher will say it
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(NO_STEP_EXIT_CODE)
 
     def on_iteration_end(self, iteration, num_kernels):
         self.recorder.on_iteration_end(iteration, num_kernels)
@@ -47,7 +93,8 @@ class ProfileAgent(WalkListener):
         if not rec.steady():
             lengths = ", ".join(str(len(sig)) for sig in rec.signatures)
             print(f"teraio: warning: profiled iterations ran different op sequences ({lengths} ops); the "
-                  "trace keeps the first one (use more --warmup if the job settles later)", file=sys.stderr)
+                  "trace keeps the one most iterations ran, timed over those that ran it (use more "
+                  "--warmup if the job settles later)", file=sys.stderr)
         kernels = rec.kernel_columns()
         tensors = rec.tensor_columns()
         header = self._header(kernels, tensors)
@@ -63,9 +110,10 @@ class ProfileAgent(WalkListener):
         return TraceHeader(
             producer=Producer(teraio=__version__, torch=torch.__version__, cuda=torch.version.cuda),
             command=s.command, world_size=s.world_size, rank=s.rank, device=self._device_info(),
-            warmup_iterations=rec.window, profiled_iterations=s.iterations,
+            warmup_iterations=rec.steps_before_window // rec.steps_per_iteration,
+            profiled_iterations=s.iterations, steps_per_iteration=rec.steps_per_iteration,
             num_kernels=rec.kernels_in_window, num_tensors=len(tensors["id"]), op_digest=digest,
-            iteration_ms=round(float(min(rec.warm_iteration_ms or [np.median(rec.iteration_ms)])), 3),
+            iteration_ms=round(float(min(rec.warm_iteration_ms() or [np.median(rec.iteration_ms)])), 3),
             kernel_time_scale=round(rec.time_scale, 4),
             gradients_stay_on_device=self.walk.wrapped_in_ddp(),
             timing="cuda_events" if self.device_type == "cuda" else "monotonic_clock",
@@ -88,15 +136,20 @@ class ProfileAgent(WalkListener):
         error = float(np.max(np.abs(gap - untracked)) / max(1, int(trace.device_bytes.max())))
         return header.model_copy(update={"untracked_bytes": untracked, "memory_model_max_error": round(error, 4)})
 
-    def write_status(self) -> None:
-        """Tell the launcher how far this process got (read when no trace appears)."""
-        if self.walk.roots or self.walk.iteration:
-            path = status_path(self.settings.status_dir)
-            if path is not None:
-                window = self.recorder.window
-                needed = window + self.settings.iterations if window is not None else None
-                path.write_text(json.dumps({"iterations": self.walk.iteration, "trace": self.written,
-                                            "rank": self.settings.rank, "needed": needed}))
+    def write_status(self, error: str | None = None) -> bool:
+        """Tell the launcher how far this process got (read when no trace appears), in
+        iterations of steps_per_iteration steps; `error` is the one line to show. False when
+        there is no launcher to tell."""
+        walk, rec = self.walk, self.recorder
+        path = status_path(self.settings.status_dir)
+        if path is None or not (walk.roots or walk.steps or error):
+            return False
+        p = walk.steps_per_iteration
+        needed = rec.steps_before_window // p + self.settings.iterations if rec.window is not None else None
+        status = {"iterations": walk.steps // p, "steps": walk.steps, "trace": self.written,
+                  "rank": self.settings.rank, "needed": needed}
+        path.write_text(json.dumps(status | ({"error": error} if error else {})))
+        return True
 
 
 def start(settings: Settings) -> ProfileAgent:

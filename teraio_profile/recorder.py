@@ -1,13 +1,45 @@
 """Records the trace of a steady-state iteration while the user's script trains.
 
-At least `warmup` iterations are skipped, and more until the job is steady (Note [Steady
-state]). The next one is the recorded window: every kernel and every storage it touches.
-The `iterations - 1` after it only time their kernels (the trace keeps the median) and
-watch the window's tensors die (a gradient freed by the next zero_grad dies in the
-following iteration).
+An iteration is a cycle of optimizer steps, found here unless the user gave its length
+(Note [Steady state]). At least `warmup` iterations are skipped, and more until the job is
+steady. The next one is the recorded window: every kernel and every storage it touches,
+kept only if it ran the ops the job runs most (Note [Which iteration is recorded]). The
+`iterations - 1` after it only time their kernels (the trace keeps the median) and watch
+the window's tensors die (a gradient freed by the next zero_grad dies in the following
+iteration).
+
+Note [Steady state]
+Steps first, then iterations. Every step leaves three cheap marks: its op count, whether it
+ran a backward op, and a hash of its op signatures. Unless --steps-per-iteration gave it,
+the cycle length is the shortest p (up to MAX_AUTO_STEPS_PER_ITERATION) such that the last
+2p steps are one block of p steps twice over by op count, the block holds a backward pass
+(a step that only applies gradients cannot be a whole iteration; jobs with no backward at
+all are exempt) and p divides the steps since the job began (the runtime counts iterations
+from the first step: Note [Iteration boundary] in teraio/walk.py). Op counts and not
+hashes, so that a job whose shapes change every step (dynamic padding) still shows its
+cycle. Two optimizers stepped in one loop give steps of 703 and 8 ops, alternating: p = 2.
+Without a cycle after MAX_SETTLE_STEPS steps, one step is one iteration. The walk then ends
+an iteration every p steps. Recording starts with the next iteration once the warm-up is
+over and the last two iterations ran the same ops by hash (DDP rebuilds its buckets after
+the first one; AdamW makes its state in iteration 0), or after MAX_SETTLE_ITERATIONS more,
+whatever the job does then.
+
+Note [Which iteration is recorded]
+A job that saves a checkpoint, evaluates or logs every few iterations runs more ops in
+those: recorded, such an iteration makes a trace (and a plan) that the job never runs again.
+The trace must be the op sequence most iterations run. Recording several candidates in full
+and keeping the majority costs the per-op bookkeeping (tensor lives, deaths across the
+boundary) once per candidate; instead the hashes every iteration leaves anyway tell which
+sequence is common, and only one candidate is recorded at a time: when the recorded
+iteration's hash is rarer than another's among the iterations seen since the job settled
+(the two that settled it count), its recording is dropped and the next iteration is
+recorded instead, at most MAX_SETTLE_ITERATIONS times. The common case costs nothing more;
+each atypical iteration costs one more iteration of profiling. Timed iterations that ran
+other ops are left out of the kernel times.
 """
 
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -17,6 +49,8 @@ from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes
 
 NOT_FREED = -1
 MAX_SETTLE_ITERATIONS = 4
+MAX_AUTO_STEPS_PER_ITERATION = 4   # longer cycles: --steps-per-iteration
+MAX_SETTLE_STEPS = 3 * MAX_AUTO_STEPS_PER_ITERATION  # a first cycle that differs, then two alike
 IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole run: never scanned for death
 
 
@@ -69,12 +103,34 @@ class _Clock:
 class TraceRecorder(WalkListener):
     """Collects kernels and tensor lifetimes; `finished` turns true after the last iteration."""
 
-    def __init__(self, walk_device_type: str, warmup: int, iterations: int):
+    def __init__(self, walk_device_type: str, warmup: int, iterations: int, steps_per_iteration: int = 0):
         self.device_type = walk_device_type
         self.warmup = warmup
         self.iterations = iterations
         self.clock = _Clock(walk_device_type)
         self.iteration = 0
+        self.walk = None                         # set by the agent
+        self._cur_sig: list[int] = []
+        self._cur_us: list[float] = []
+        self._event = None
+        self._iteration_t0 = self._step_t0 = time.perf_counter()
+        self.finished = False
+        self._last_allocated = 0
+        # Note [Steady state]: per step since the job began
+        self.cycle_known = steps_per_iteration > 0   # else found by cycle_length
+        self.step_ops: list[int] = []
+        self.step_backward: list[bool] = []
+        self.step_hashes: list[int] = []
+        self.warm_step_ms: list[float] = []          # synchronized wall time of steps before the window
+        self._step_start = 0                         # where the current step's ops begin in _cur_sig
+        self._backward = False                       # the current step ran a backward op
+        self.window: int | None = None               # the recorded iteration (walk numbering), once settled
+        self.steps_before_window = 0
+        self.cycle_counts: Counter = Counter()       # Note [Which iteration is recorded]
+        self.rerecorded = 0
+        self._reset_window()
+
+    def _reset_window(self) -> None:
         self.lives: dict[int, _TensorLife] = {}  # storage key -> life, window tensors only
         self.mortal: list[_TensorLife] = []      # not yet seen freed
         self.window_ops: list = []
@@ -83,17 +139,7 @@ class TraceRecorder(WalkListener):
         self.durations_us: list[list[float]] = []
         self.device_bytes: list[int] = []
         self.iteration_ms: list[float] = []
-        self.walk = None                         # set by the agent
-        self._cur_sig: list[int] = []
-        self._cur_us: list[float] = []
-        self._event = None
-        self._iteration_t0 = time.perf_counter()
-        self.finished = False
         self.kernels_in_window = 0
-        self._last_allocated = 0
-        self.warm_iteration_ms: list[float] = []
-        self.window: int | None = None            # the recorded iteration, once settled
-        self.history: list[int] = []              # one hash of the op sequence per iteration  # synchronized wall time of warm-up iterations
 
     @property
     def recording(self) -> bool:
@@ -105,6 +151,8 @@ class TraceRecorder(WalkListener):
 
     def after_op(self, k, func, inputs, new, signature):
         self._cur_sig.append(signature)
+        if not (self.cycle_known or self._backward):
+            self._backward = torch._C._current_autograd_node() is not None
         if not self.recording:
             return
         duration = self.clock.stop(self._event)
@@ -140,9 +188,17 @@ class TraceRecorder(WalkListener):
                 still.append(life)
         self.mortal = still
 
+    def on_step_end(self):
+        signatures = self._cur_sig[self._step_start:]
+        self.step_ops.append(len(signatures))
+        self.step_hashes.append(hash(tuple(signatures)))
+        self.step_backward.append(self._backward)
+        self._step_start, self._backward = len(self._cur_sig), False
+        if self.window is None:  # warm-up steps are timed one by one: iterations are not known yet
+            self.warm_step_ms.append(self._synchronized_ms(self._step_t0))
+            self._step_t0 = time.perf_counter()
+
     def on_iteration_end(self, iteration, num_kernels):
-        if iteration > 0 and self.window is None:
-            self.warm_iteration_ms.append(self._synchronized_ms())
         if self.recording:
             self._cur_us.extend(self.clock.collect_us())
             self.signatures.append(self._cur_sig)
@@ -151,25 +207,54 @@ class TraceRecorder(WalkListener):
             self.iteration_ms.append((now - self._iteration_t0) * 1e3)
             if iteration == self.window:
                 self.kernels_in_window = num_kernels
-        self.history.append(hash(tuple(self._cur_sig)))
-        if self.window is None and self._settled(iteration + 1):
-            self.window = iteration + 1
-        self._cur_sig, self._cur_us = [], []
+        if self.window is None:
+            self._settle(iteration)
+        else:
+            self._count_cycle(iteration)
+        self._cur_sig, self._cur_us, self._step_start = [], [], 0
         if self.clock.cuda:
             torch.cuda.synchronize()
-        self._iteration_t0 = time.perf_counter()
+        self._iteration_t0 = self._step_t0 = time.perf_counter()
         self.iteration = iteration + 1
         self.finished = self.window is not None and self.iteration >= self.window + self.iterations
 
-    def _settled(self, next_iteration: int) -> bool:
-        """Note [Steady state]: record from the next iteration once the warm-up is over and the
-        last two iterations ran the same ops (DDP rebuilds its buckets after the first one;
-        AdamW makes its state in iteration 0), or after MAX_SETTLE_ITERATIONS more, whatever
-        the job does then."""
-        if next_iteration < self.warmup:
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.walk.steps_per_iteration
+
+    def _settle(self, iteration: int) -> None:
+        """Note [Steady state]: find the cycle, then wait for two iterations alike."""
+        if not self.cycle_known and not self._find_cycle():
+            return
+        p, hashes = self.steps_per_iteration, self.step_hashes
+        s = len(hashes)
+        if s // p < self.warmup:
+            return
+        repeated = s >= 2 * p and hashes[s - 2 * p:s - p] == hashes[s - p:]
+        if repeated or s // p >= self.warmup + MAX_SETTLE_ITERATIONS:
+            self.window, self.steps_before_window = iteration + 1, s
+            self.cycle_counts[hash(tuple(hashes[s - p:]))] = 2 if repeated else 1
+
+    def _find_cycle(self) -> bool:
+        p = cycle_length(self.step_ops, self.step_backward, MAX_AUTO_STEPS_PER_ITERATION)
+        if p is None and len(self.step_ops) >= self.warmup + MAX_SETTLE_STEPS:
+            p = 1  # no cycle: every step is an iteration, whatever the job does then
+        if p is None:
             return False
-        repeated = len(self.history) >= 2 and self.history[-1] == self.history[-2]
-        return repeated or next_iteration >= self.warmup + MAX_SETTLE_ITERATIONS
+        self.walk.steps_per_iteration = p  # the walk is at a step that p divides (cycle_length)
+        self.cycle_known = True
+        return True
+
+    def _count_cycle(self, iteration: int) -> None:
+        """Note [Which iteration is recorded]: re-record when the window ran uncommon ops."""
+        cycle = hash(tuple(self.step_hashes[-self.steps_per_iteration:]))
+        self.cycle_counts[cycle] += 1
+        if iteration != self.window or self.rerecorded >= MAX_SETTLE_ITERATIONS:
+            return
+        if self.cycle_counts[cycle] < max(self.cycle_counts.values()):
+            self.rerecorded += 1
+            self._reset_window()
+            self.window, self.steps_before_window = iteration + 1, len(self.step_hashes)
 
     def _maybe_freed(self) -> bool:
         """On CUDA a storage can only have died if the allocator's count went down; checking
@@ -185,10 +270,16 @@ class TraceRecorder(WalkListener):
     def steady(self) -> bool:
         return all(sig == self.signatures[0] for sig in self.signatures)
 
-    def _synchronized_ms(self) -> float:
+    def _synchronized_ms(self, t0: float) -> float:
         if self.clock.cuda:
             torch.cuda.synchronize()
-        return (time.perf_counter() - self._iteration_t0) * 1e3
+        return (time.perf_counter() - t0) * 1e3
+
+    def warm_iteration_ms(self) -> list[float]:
+        """Synchronized wall time of whole warm-up iterations but the first (which makes
+        optimizer state), from their steps' times."""
+        p, ms = self.steps_per_iteration, self.warm_step_ms
+        return [sum(ms[c * p:(c + 1) * p]) for c in range(1, len(ms) // p)]
 
     def kernel_time_scale(self, event_sum_ms: float) -> float:
         """Note [Kernel time under the profiler]: an interval between two CUDA events also
@@ -196,9 +287,10 @@ class TraceRecorder(WalkListener):
         recorded iteration is slower than a real one. When a warm-up iteration (after
         iteration 0, which makes optimizer state) was timed, scale kernel times down so that
         they add up to it, spreading the idle time over kernels in proportion."""
-        if not self.clock.cuda or not self.warm_iteration_ms or event_sum_ms <= 0:
+        warm_ms = self.warm_iteration_ms()
+        if not self.clock.cuda or not warm_ms or event_sum_ms <= 0:
             return 1.0
-        return min(1.0, min(self.warm_iteration_ms) / event_sum_ms)
+        return min(1.0, min(warm_ms) / event_sum_ms)
 
     def kernel_columns(self) -> dict:
         op_names = sorted(set(self.window_ops))
@@ -247,3 +339,17 @@ class TraceRecorder(WalkListener):
         if life.freed == NOT_FREED:
             return life.born, life.born + num_k  # outlived the profile: assume its twin replaces it
         return life.born, max(life.freed, life.born + 1)
+
+
+def cycle_length(step_ops: list[int], step_backward: list[bool], longest: int) -> int | None:
+    """Note [Steady state]: the shortest number of steps p <= longest such that the last 2p
+    steps are one block of p twice over (by op count), the block runs a backward op (unless
+    no step has) and p divides the steps so far; None while there is none."""
+    s = len(step_ops)
+    trains = any(step_backward)
+    for p in range(1, min(longest, s // 2) + 1):
+        if s % p or step_ops[s - 2 * p:s - p] != step_ops[s - p:]:
+            continue
+        if not trains or any(step_backward[s - p:]):
+            return p
+    return None

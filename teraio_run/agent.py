@@ -2,17 +2,30 @@
 
 Note [When the plan is followed]
 Plan actions are keyed by kernel index, which only means something while the live op stream
-is the profiled one. An iteration follows the plan only if the previous iteration's op
-digest and length matched the plan's trace (so iteration 0, whose first optimizer step
-creates AdamW state, runs unplanned, and so does anything after a drift); no action is
-keyed past the trace's kernel count (ops after the last step, say). Unplanned stretches
-stay within budget by on-demand eviction of the least recently used tensors. Neither path
-can corrupt training: every op's inputs are made resident first (ensure_resident).
+is the profiled one, so a guard checks every op against the trace's kernel at its index.
+- Learning: the plan carries the trace's op digest, not its per-kernel signatures. The first
+  iteration whose digest and length match the plan's (iteration 1 of a job with AdamW, whose
+  first step creates state) gives them: sha256 equality means it ran the traced ops, so its
+  signatures are the trace's. Until then the job runs unplanned.
+- Following: every iteration after that starts on the plan, and each op's signature is
+  compared with the learned one at its index (an integer compare). At the first difference,
+  or an op past the trace's end, the plan pauses for the rest of that iteration: nothing more
+  is offloaded by it, what it moved out comes back on use. Ops after the last step,
+  evaluation passes, logging and saving therefore run unplanned; the report counts these
+  pauses (plan_pauses) apart from guard trips (the profiled iteration never matched: a plan
+  made for another job).
+- Resuming: at the next iteration start the plan is armed again; the offloads of periods that
+  wrap around the boundary, skipped while paused, are caught up then.
+Unplanned stretches stay within budget by on-demand eviction of the least recently used
+tensors. Neither path can corrupt training: every op's inputs are made resident first
+(ensure_resident). Reads that bypass ATen (safetensors, numpy, DLPack) go through
+`resident()` and `pin_for_raw_read()` (teraio/raw_access.py).
 """
 
 import hashlib
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -37,14 +50,17 @@ class RunAgent(WalkListener):
         self.engine = engine
         self.cuda = device_type == "cuda"
         self.budget_bytes = budget_bytes
-        self.walk = OpWalk(self, device_type)
+        self.walk = OpWalk(self, device_type, plan.header.trace.steps_per_iteration)
         # the GPU capped and holding the copy streams (the bootstrap picked it from LOCAL_RANK)
         self.device_index = torch.cuda.current_device() if self.cuda else None
         self.offloads_after, self.prefetches_at = _index_actions(plan)
         self.num_kernels = plan.header.trace.num_kernels
         self.following = False
+        self.expected: list[int] | None = None   # the trace's signature per kernel, once learned
+        self.paused_at = -1                      # kernel where this iteration left the plan
+        self.holds = 0                           # open resident() blocks: nothing leaves the device
         self.by_id = {}
-        self.signatures: list[int] = []
+        self.signatures: list[int] = []          # this iteration's, until `expected` is learned
         self.tick = 0
         self.last_use: dict[int, int] = {}   # storage key -> tick of its last use
         self.iteration_s: list[float] = []
@@ -52,6 +68,8 @@ class RunAgent(WalkListener):
         self.iterations_on_plan = 0
         self.guard_trips = 0
         self.guard_reason = ""
+        self.plan_pauses = 0
+        self.pause_reason = ""   # the first one, for the report
         self.peak_bytes = 0
         self._ddp = None   # whether the model is wrapped in DDP, known at the first gradient
         self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
@@ -112,19 +130,28 @@ class RunAgent(WalkListener):
         Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
         into .grad from its communication threads, where no dispatch mode runs, so a
         gradient we had released would be written through a dangling pointer. Under DDP
-        gradients stay on the device; everything else still moves."""
-        if record.pinned or kind not in MOVABLE_KINDS:
+        gradients stay on the device; everything else still moves.
+
+        Under FSDP2 every kind moves: parameter shards, gradients and optimizer state are
+        DTensors whose local shards the walk names (Note [Tensor subclasses]); a collective's
+        tensors wait until it has completed (Note [Collective buffers]); only the parameters
+        FSDP2 all-gathers, whose storages it frees and re-allocates itself, are pinned
+        (Note [FSDP2 unsharded parameters], all in teraio/walk.py)."""
+        if record.pinned or kind not in MOVABLE_KINDS or record.in_collective():
             return False
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
         return not (kind == Kind.gradient and self._ddp)
 
     def after_op(self, k, func, inputs, new, signature):
-        self.signatures.append(signature)
+        if self.expected is None:
+            self.signatures.append(signature)
         for record in new:
             self.by_id[record.id] = record
             self.last_use[record.key] = self.tick
-        if self.following:
+        if self.following and (k >= self.num_kernels or signature != self.expected[k]):
+            self._pause(k, func)
+        if self.following and not self.holds:
             for entry in self.offloads_after.get(k, ()):
                 record = self.by_id.get(entry.tensor)
                 if record is None:
@@ -172,7 +199,7 @@ class RunAgent(WalkListener):
         resident = self.resident_bytes()
         if resident > self.budget_bytes > 0 and self.engine.copying_out:
             resident = self._wait_for_offloads()
-        if resident > self.budget_bytes > 0:
+        if resident > self.budget_bytes > 0 and not self.holds:
             resident = self._evict(resident, {r.key for r in in_use})
         self.peak_bytes = max(self.peak_bytes, resident)
 
@@ -208,24 +235,32 @@ class RunAgent(WalkListener):
         now = time.perf_counter()
         self.iteration_s.append(now - self._t_iter)
         self._t_iter = now
+        if self.following and num_kernels < self.num_kernels:
+            self._pause(num_kernels, None)  # every op matched, but the iteration ended early
+        completed = self.following
         self._log_iteration(iteration, num_kernels)
         if iteration == 0:
             self._check_device()
-        digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
-        matched = digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels
-        if self.following and matched:
+        if completed:
             self.iterations_on_plan += 1
-        elif self.following:
-            self._trip("the op stream of an iteration differed from the profiled one")
-        elif not matched and iteration == self.plan.header.trace.steady_from_iteration and not self.iterations_on_plan:
-            self._refuse(digest, num_kernels)
-        starting = matched and not self.following
-        self.following = matched
-        self.signatures = []
+        elif self.expected is None:
+            self._learn(iteration, num_kernels)
+        # Note [When the plan is followed]: every iteration starts on the plan once it is known
+        self.following = self.expected is not None
+        self.paused_at = -1
         with _disable_current_modes():
             self._tidy()
-            if starting:
+            if self.following and not completed:
                 self._catch_up_wraps()
+
+    def _learn(self, iteration: int, num_kernels: int) -> None:
+        """The first iteration that ran the traced ops gives the per-kernel signatures."""
+        digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
+        if digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels:
+            self.expected = self.signatures
+        elif iteration == self.plan.header.trace.steady_from_iteration:
+            self._refuse(digest, num_kernels)
+        self.signatures = []
 
     def _catch_up_wraps(self) -> None:
         """The plan is about to be followed after an unplanned iteration, which skipped the
@@ -260,6 +295,7 @@ class RunAgent(WalkListener):
                   "walk_ms": self.walk.host_s["walk"] * 1e3, "op_launch_ms": self.walk.host_s["ops"] * 1e3}
         row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
         row.update(self.counts, iteration=iteration, followed_plan=self.following, kernels=num_kernels,
+                   paused_at_kernel=self.paused_at,
                    ms=(self.iteration_s[-1]) * 1e3, host_pool_peak_bytes=self._host_pool_peak())
         self.per_iteration.append(row)
         self._last_totals = totals
@@ -293,18 +329,50 @@ class RunAgent(WalkListener):
             raise PlanMismatchError(reason)
         print(f"teraio: warning: {reason}", file=sys.stderr)
 
-    def _trip(self, reason: str) -> None:
+    def _pause(self, k: int, func) -> None:
         """Stop following the plan for the rest of this iteration (Note [When the plan is followed])."""
         self.following = False
+        self.paused_at = k
+        self.plan_pauses += 1
+        if not self.pause_reason:
+            where = f"iteration {self.walk.iteration}, kernel {k} of {self.num_kernels}"
+            if func is None:
+                self.pause_reason = f"{where}: the iteration ended early"
+            elif k >= self.num_kernels:
+                self.pause_reason = f"{where}: {func} runs past the traced iteration"
+            else:
+                self.pause_reason = f"{where}: {func} is not the traced op"
+
+    def _trip(self, reason: str) -> None:
+        """The profiled iteration did not match: the plan waits for one that does."""
         self.guard_trips += 1
         if not self.guard_reason:
             self.guard_reason = reason
             print(f"teraio: warning: {reason}; the plan is paused until an iteration matches again "
                   "(training stays correct)", file=sys.stderr)
 
-    def restore_everything(self) -> None:
+    @contextmanager
+    def resident(self):
+        """Every tensor on the device, and none leaving, until the block ends: for code that
+        reads memory without an ATen op (a checkpoint writer). It needs the whole working set
+        to fit the device; the budget is checked again after the block."""
+        self.holds += 1
+        try:
+            with _disable_current_modes():
+                self.engine.restore_all(self.walk.records)
+            yield
+        finally:
+            self.holds -= 1
+
+    def pin_for_raw_read(self, tensor) -> None:
+        """A raw pointer to this storage leaves PyTorch (Tensor.numpy, DLPack) and may be read
+        at any later time: bring it back and never move it again."""
+        record = self.walk.records.get(tensor.untyped_storage()._cdata)
+        if record is None:
+            return
         with _disable_current_modes():
-            self.engine.restore_all(self.walk.records)
+            self.engine.ensure_resident(record, "raw_read")
+        record.pinned = True
 
 
 def _index_actions(plan: Plan):

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.gpu
 ARGS = ("--device", "cuda", "--deterministic", "--steps", "6", "--clip", "0.5")
 
 
-def run(*args, cwd):
+def run(*args, cwd, env=None):
     proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ))
+                          timeout=600, env=dict(os.environ, **(env or {})))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -58,6 +58,29 @@ def test_every_idle_period_through_both_tiers_trains_identically_on_cuda(tmp_pat
     report = load_report(tmp_path / "run.json")
     assert report.iterations_on_plan >= 2 and report.io_errors == 0
     assert report.offloaded_bytes["host"] > 0 and report.offloaded_bytes["ssd"] > 0
+
+
+def test_save_pretrained_after_training_under_a_plan_on_cuda(tmp_path):
+    """transformers' save_pretrained checks storages by address before safetensors copies them
+    to the host: every weight the plan moved out is at address 0 there. The saved weights and
+    the losses must equal the plain run's."""
+    from safetensors.torch import load_file
+
+    client = os.path.join(os.path.dirname(__file__), "clients", "hf_llama.py")
+    args = (client, "--device", "cuda", "--steps", "6")
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    run(*args, "--losses-out", tmp_path / "plain.json", "--save-pretrained", tmp_path / "plain", cwd=tmp_path, env=env)
+    run("-m", "teraio", "profile", "-o", tmp_path / "t.msgpack", "--", sys.executable, *args, cwd=tmp_path, env=env)
+    trace = load_trace(tmp_path / "t.msgpack")
+    save_plan(every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2), tmp_path / "plan.json")
+    run("-m", "teraio", "run", "--plan", tmp_path / "plan.json", "--gpu-mem", "8GiB", "--ssd-dir", tmp_path / "ssd",
+        "--report", tmp_path / "run.json", "--", sys.executable, *args, "--losses-out", tmp_path / "run_losses.json",
+        "--save-pretrained", tmp_path / "saved", cwd=tmp_path, env=env)
+    assert losses(tmp_path / "run_losses.json") == losses(tmp_path / "plain.json")
+    mine, plain = load_file(tmp_path / "saved" / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    assert mine.keys() == plain.keys() and all(torch.equal(mine[k], plain[k]) for k in plain)
+    report = load_report(tmp_path / "run.json")
+    assert report.iterations_on_plan >= 3 and report.plan_pauses == 1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

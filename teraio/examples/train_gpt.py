@@ -6,6 +6,7 @@ one big GPU. Launch with torchrun for DDP (gloo on CPU, nccl on CUDA).
 
     python examples/train_gpt.py --steps 6 --losses-out losses.json
     torchrun --nproc-per-node 2 examples/train_gpt.py
+    torchrun --nproc-per-node 2 examples/train_gpt.py --fsdp2
     python examples/train_gpt.py --preset 1b --autocast bf16 --device cuda
 
 bench/ imports ModelConfig, build_model, SyntheticTokens, make_optimizer and make_scheduler.
@@ -187,6 +188,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, help="peak learning rate (preset's by default)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up steps of the LR schedule")
     p.add_argument("--tie-embeddings", action="store_true")
+    p.add_argument("--fsdp2", action="store_true",
+                   help="under torchrun, shard with FSDP2 (fully_shard per layer and on the root) instead of DDP")
     p.add_argument("--accum", type=int, default=1, help="gradient accumulation micro-steps")
     p.add_argument("--clip", type=float, default=1.0, help="max grad norm (0 disables)")
     p.add_argument("--autocast", choices=["none", "bf16"], default="none")
@@ -205,6 +208,21 @@ def parse_args(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     return args
+
+
+def shard_fsdp2(model) -> None:
+    """FSDP2 as torchtitan applies it: each decoder layer is a unit, the root holds the rest."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def full_state(model, fsdp2: bool):
+    """The model's state_dict; under FSDP2 with whole tensors (a collective: every rank calls it)."""
+    state = model.state_dict()
+    return {name: value.full_tensor() for name, value in state.items()} if fsdp2 else state
 
 
 def setup_device(choice):
@@ -247,7 +265,9 @@ def main(argv=None):
     device, rank, world = setup_device(args.device)
     torch.manual_seed(args.seed)
     model = build_model(cfg, device)
-    ddp = DDP(model) if world > 1 else None
+    ddp = DDP(model) if world > 1 and not args.fsdp2 else None
+    if args.fsdp2:
+        shard_fsdp2(model)
     net = ddp or model
     optimizer = make_optimizer(model, args.lr, device)
     scheduler = make_scheduler(optimizer, args.steps, args.warmup)
@@ -262,6 +282,8 @@ def main(argv=None):
             x, y = data.next(device)
             # DDP all-reduces gradients only on the last micro-step.
             sync = ddp is None or micro == args.accum - 1
+            if args.fsdp2:  # FSDP2 reduce-scatters gradients only on the last micro-step
+                model.set_requires_gradient_sync(micro == args.accum - 1)
             with (contextlib.nullcontext() if sync else ddp.no_sync()):
                 with autocast:
                     loss = net(x, y) / args.accum
@@ -276,15 +298,17 @@ def main(argv=None):
         if rank == 0 and args.log_every > 0 and step % args.log_every == 0:
             tok_s = args.batch * args.seq * args.accum * world / (step_ms[-1] / 1e3)
             print(f"step {step} loss {losses[-1]:.4f} tok/s {tok_s:.0f}", flush=True)
-        if rank == 0 and step == args.checkpoint_at:
-            torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                       args.checkpoint_out)
+        if step == args.checkpoint_at and (rank == 0 or args.fsdp2):
+            checkpoint = {"step": step, "model": full_state(model, args.fsdp2), "optimizer": optimizer.state_dict()}
+            if rank == 0:
+                torch.save(checkpoint, args.checkpoint_out)
+    final_state = full_state(model, args.fsdp2) if args.state_out and (rank == 0 or args.fsdp2) else None
     if rank == 0:
         if args.losses_out:
             with open(args.losses_out, "w") as f:
                 json.dump(losses, f)
         if args.state_out:
-            torch.save(model.state_dict(), args.state_out)
+            torch.save(final_state, args.state_out)
         measured = step_ms[1:] or step_ms  # the first step builds optimizer state and warms up
         print(f"done steps {args.steps} median_step_ms {statistics.median(measured):.1f} "
               f"{peak_memory_text(device)}", flush=True)

@@ -20,6 +20,7 @@ from typing import Literal
 
 import msgpack
 import numpy as np
+from pydantic import Field
 
 from teraio.formats.common import (
     TRACE_FORMAT, Producer, Strict, atomic_write_bytes, check_version, read_raw, validate,
@@ -72,6 +73,10 @@ class TraceHeader(Strict):
     # gradients] in teraio_run/agent.py), so plans must not count on moving them.
     gradients_stay_on_device: bool = False
     timing: Literal["cuda_events", "monotonic_clock"]
+    # Optimizer steps per iteration, counted from the job's first step (Note [Iteration
+    # boundary] in teraio/walk.py): 2 for a loop that steps two optimizers. Traces written
+    # before the field existed had one step per iteration.
+    steps_per_iteration: int = Field(1, ge=1)
 
 
 class KernelTable(Strict):
