@@ -39,3 +39,11 @@ class PlanMismatchError(TeraioError):
     """A plan that was made for a different trace than the job being run."""
 
     exit_code = 6
+
+
+class JobStopped(TeraioError):
+    """The launcher passed a stop signal on to the job; it exits with the job's own status."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from teraio.errors import UsageError
@@ -48,11 +50,83 @@ def child_env(settings: Settings, defaults: dict[str, str] | None = None) -> dic
     return env
 
 
-def run_command(command: list[str], settings: Settings, defaults: dict[str, str] | None = None) -> int:
-    """Run to completion; Ctrl-C reaches the job first, which then decides how to end."""
-    proc = subprocess.Popen(command, env=child_env(settings, defaults))
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return proc.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+# Note [The job's own session]
+# `teraio run` and `teraio profile` stand between a supervisor and the job: docker stop, slurm
+# and systemd send SIGTERM to the launcher's pid, an ssh hangup sends SIGHUP, Ctrl-C sends
+# SIGINT to the terminal's foreground process group. The job is started in a session (and so
+# a process group) of its own, and every one of these signals reaching the launcher is passed
+# on to that whole group (torchrun and its workers, a shell wrapper and its python):
+# - One copy per signal. Sharing our group, a Ctrl-C would reach the job from the terminal and
+#   again from us, and a second KeyboardInterrupt can cut the job's exit handlers short (no
+#   report, swap files left). Apart, the terminal's copy reaches us only, we forward it once.
+# - Signalling the job's group never signals ours: under pytest, a supervisor or `sh -c`,
+#   our group holds the parent too.
+# - A session rather than only a process group: a background group that reads the terminal
+#   (input(), a pdb breakpoint) is stopped by SIGTTIN and the job would hang unseen; the
+#   terminal is not the controlling one of another session, so such reads just work.
+# - Ctrl-Z (SIGTSTP) stops the launcher only; the job trains on.
+# A signal the launcher ignores (nohup ignores SIGHUP) is not forwarded, and the job keeps
+# ignoring it as well (an ignored disposition survives exec).
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class JobExit:
+    status: int                  # as a shell reports it: 128 + N when signal N ended the job
+    forwarded: int | None = None  # the last signal passed on to the job, if any
+
+
+def run_command(command: list[str], settings: Settings, defaults: dict[str, str] | None = None) -> JobExit:
+    """Run to completion, forwarding stop signals to the job's process group (Note [The job's
+    own session]); returns how the job ended."""
+    forwarder = _SignalForwarder()
+    with forwarder.installed():
+        proc = subprocess.Popen(command, env=child_env(settings, defaults), start_new_session=True)
+        forwarder.attach(proc)
+        returncode = proc.wait()
+    return JobExit(shell_status(returncode), forwarder.forwarded)
+
+
+def shell_status(returncode: int) -> int:
+    """Popen's -N for a job killed by signal N becomes 128 + N (sys.exit(-9) would exit 247)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _SignalForwarder:
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.forwarded: int | None = None
+        self._pending: list[int] = []
+
+    @contextmanager
+    def installed(self):
+        previous = {sig: signal.getsignal(sig) for sig in FORWARDED_SIGNALS}
+        for sig, handler in previous.items():
+            if handler != signal.SIG_IGN:
+                signal.signal(sig, self._on_signal)
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        """A signal that came while the job was being started is passed on now."""
+        self.proc = proc
+        for signum in self._pending:
+            self._forward(signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.proc is None:
+            self._pending.append(signum)
+        else:
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        self.forwarded = signum
+        if self.proc.returncode is not None:
+            return  # reaped: its pid (the group's id) may belong to someone else by now
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass  # the whole group has exited already

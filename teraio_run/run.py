@@ -1,11 +1,20 @@
 """`teraio run`: check the plan, then launch the job with the runtime injected."""
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from teraio.errors import UsageError
-from teraio.formats.plan import load_plan
+from teraio.formats.plan import Plan, load_plan
 from teraio.launch import resolve_command, run_command
-from teraio.settings import Settings
+from teraio.settings import Settings, rank_path
+from teraio.units import format_bytes
+
+# The launcher must not import torch (seconds): these two mirror teraio_run/tiers.py's
+# STRIPE_MIN_BYTES and teraio_run/setup.py's default swap folder.
+STRIPE_MIN_BYTES = 4 << 20
+DEFAULT_SWAP_DIR = Path(tempfile.gettempdir()) / "teraio-swap"
 
 # Tensors leave and come back all the time, in sizes that fragment a segmented pool, and the
 # cap counts reserved memory: growable segments keep reserved close to allocated.
@@ -16,19 +25,112 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
         io_backend: str, strict: bool, device: str = "auto") -> int:
     """Run the job under the plan; returns the job's exit code."""
     command = resolve_command(argv)
-    _check_plans(Path(plan_path))
-    for ssd_dir in ssd_dirs:
-        if Path(ssd_dir).exists() and not Path(ssd_dir).is_dir():
-            raise UsageError(f"--ssd-dir {ssd_dir} is a file: give a folder on the SSD")
+    plans = _load_plans(Path(plan_path))
+    # Preflight: what the job would find out only inside (one warning, exit 0, no report).
+    _check_report_path(report, plans)
+    acting = [plan for plan in plans if plan.entries or not plan.header.prediction.fits]
+    if acting:  # a plan that moves nothing leaves the job untouched: no pool, no swap files
+        _check_ssd_dirs(ssd_dirs or [str(DEFAULT_SWAP_DIR)], acting)
+        _check_host_memory(acting)
     settings = Settings(mode="run", device=device, command=list(argv), strict=strict,
                         plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
                         report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
                         io_backend=io_backend)
-    return run_command(command, settings, RUN_ENV_DEFAULTS)
+    return run_command(command, settings, RUN_ENV_DEFAULTS).status
 
 
-def _check_plans(plan_path: Path) -> None:
-    """Fail before launching when no plan can be read (per-rank plans: NAME.rankN.json)."""
+def _load_plans(plan_path: Path) -> list[Plan]:
+    """Every plan the job's ranks will read (per-rank plans: NAME.rankN.json), or an error now."""
     rank_plans = sorted(plan_path.parent.glob(f"{plan_path.stem}.rank*{plan_path.suffix}"))
-    for path in rank_plans or [plan_path]:
-        load_plan(path)
+    return [load_plan(path) for path in rank_plans or [plan_path]]
+
+
+def _check_report_path(report: str, plans: list[Plan]) -> None:
+    if not report:
+        return
+    world_size = max(plan.header.trace.world_size for plan in plans)
+    for rank in range(world_size):
+        _check_output_file(rank_path(report, rank, world_size), "--report")
+
+
+def _check_output_file(path: Path, option: str) -> None:
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a folder: give a file name, e.g. {path / 'run.json'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {path}: folder {folder} does not exist; create it or change {option}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {path}: folder {folder} is not writable; change {option}")
+
+
+def _check_ssd_dirs(ssd_dirs: list[str], plans: list[Plan]) -> None:
+    need_bytes = max(_ssd_bytes_per_dir(plan, len(ssd_dirs)) for plan in plans)
+    for ssd_dir in ssd_dirs:
+        path = Path(ssd_dir)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--ssd-dir {ssd_dir} is a file: give a folder on the SSD")
+        existing = _nearest_existing(path)  # the job creates the rest of the path
+        if not os.access(existing, os.W_OK | os.X_OK):
+            why = "a read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "no write permission"
+            raise UsageError(f"--ssd-dir {ssd_dir} cannot be written ({why} at {existing}): "
+                             "give a writable folder on the SSD")
+        free_bytes = shutil.disk_usage(existing).free
+        if free_bytes < need_bytes:
+            raise UsageError(f"--ssd-dir {ssd_dir} has {format_bytes(free_bytes)} free, but the plan keeps up to "
+                             f"{format_bytes(need_bytes)} of swap files there: free space, add an --ssd-dir on "
+                             "another SSD, or re-plan with fewer SSD bytes (a larger --host-mem or --gpu-mem)")
+
+
+def _ssd_bytes_per_dir(plan: Plan, num_dirs: int) -> int:
+    """Room a folder needs for this plan's swap files: a bound, not a simulation.
+    A tensor has one swap file (slot) while it is out and is on the SSD at most once at a time,
+    so the plan never holds more than the sum over its SSD-tier tensors of their largest size.
+    Files of STRIPE_MIN_BYTES or more are split evenly over the folders; smaller ones go whole
+    to one folder, in the worst case all to the same one. Per rank: ranks of other machines
+    may be planned here too, so summing every rank's plan could refuse a job that fits, and the
+    largest rank is what must fit in any case. (Unplanned evictions and host-pool spills also
+    write swap files; the run says so if a folder fills.)"""
+    largest_bytes: dict[str, int] = {}
+    for entry in plan.entries:
+        if entry.tier == "ssd":
+            largest_bytes[entry.tensor] = max(entry.nbytes, largest_bytes.get(entry.tensor, 0))
+    striped = sum(n for n in largest_bytes.values() if n >= STRIPE_MIN_BYTES)
+    whole = sum(n for n in largest_bytes.values() if n < STRIPE_MIN_BYTES)
+    return -(-striped // num_dirs) + whole
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _check_host_memory(plans: list[Plan]) -> None:
+    """The pool is allocated (and on CUDA page-locked) whole at start: one larger than the
+    memory this machine has free fails or swaps. The largest rank's pool, as for the SSD."""
+    available_bytes = mem_available_bytes()
+    if available_bytes is None:
+        return
+    pool_bytes = max(host_pool_bytes(plan) for plan in plans)
+    if pool_bytes > available_bytes:
+        raise UsageError(f"the plan's host pool is {format_bytes(pool_bytes)}, but this machine has "
+                         f"{format_bytes(available_bytes)} of memory available: re-plan with a smaller --host-mem "
+                         "or free memory first")
+
+
+def host_pool_bytes(plan: Plan) -> int:
+    """What build_agent allocates (teraio_run/setup.py): the plan's pool or the user's cap."""
+    return max(plan.header.prediction.host_pool_bytes, plan.header.inputs.host_mem_bytes)
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None: nothing to check against."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
+    return None

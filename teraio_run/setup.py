@@ -93,23 +93,24 @@ def _cap_device_memory(cap_bytes: int) -> None:
 def install_exit_handlers(agent, context: RunContext) -> None:
     """Report and clean up at exit, Ctrl-C included; checkpoints see true values."""
     from teraio_run.report import finish
+    # Imported now, not at exit: CPython 3.11 forgets that a KeyboardInterrupt ended the script
+    # once any eval()/exec() of a string runs (a namedtuple or dataclass made by a module
+    # imported at exit), and exits 1 instead of dying by SIGINT (130). Measured: rich's imports
+    # at exit turned a Ctrl-C'd job's 130 into 1.
+    import teraio.views  # noqa: F401
 
-    _patch_torch_save(agent)
     atexit.register(finish, agent, context)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    _exit_cleanly_on(signal.SIGTERM, signal.SIGHUP)
 
 
-def _patch_torch_save(agent) -> None:
-    """torch.save reads storages directly, not through ATen ops the walk could intercept: bring
-    every offloaded tensor back first (the plan moves them out again at its next trigger)."""
-    real_save = torch.save
-
-    def save(*args, **kwargs):
-        agent.restore_everything()
-        return real_save(*args, **kwargs)
-
-    torch.save = torch.serialization.save = save
+def _exit_cleanly_on(*signums: int) -> None:
+    """SIGTERM and SIGHUP kill a process without running atexit, so the report would be lost and
+    the swap folders left behind: turn them into SystemExit(128 + N), the status a shell shows
+    for a death by signal N. SIGINT already raises KeyboardInterrupt, which unwinds the same
+    way. A handler the script set (or SIG_IGN, as nohup sets for SIGHUP) is left alone."""
+    for signum in signums:
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, lambda number, frame: sys.exit(128 + number))
 
 
 def remove_run_dirs(context: RunContext) -> None:

@@ -65,6 +65,9 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
                    ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem, host_gbps=host_gbps,
                    pcie_gbps=pcie_gbps, headroom_bytes=headroom, allow_stalls=not stall_free)
     # Every file and option is checked before any work, so a mistake writes nothing.
+    if not do_sweep:
+        for path in traces:
+            _check_output(output or default_output(path))
     jobs = [(path, trace, planner_inputs(trace, **options)) for path, trace in
             ((path, load_trace(path)) for path in traces)]
     reports = []
@@ -75,6 +78,14 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
             reports.append(_plan_one(path, trace, inputs, output or default_output(path), as_json))
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, sort_keys=True))
+
+
+def _check_output(path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"-o {path} is a folder: give a file name, e.g. {path / 'plan.json'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {path}: folder {folder} does not exist; create it or change -o")
 
 
 def _with_progress(label: str, work):

@@ -17,14 +17,20 @@ console = Console(highlight=False)
 @click.option("--run-to-completion", is_flag=True, help="Keep training after the trace is written.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="Which device's tensors to trace.")
+@click.option("--steps-per-iteration", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Optimizer steps per iteration (e.g. 2 for a loop that steps two optimizers); 0 finds the cycle.")
+@click.option("--step-timeout", "step_timeout_s", type=click.IntRange(min=0), default=300, show_default=True,
+              help="Seconds after the job's first op to wait for an optimizer step before stopping it; 0 = no limit.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def command(trace_out, warmup, iterations, run_to_completion, device, command):
+def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_iteration, step_timeout_s, command):
     """Run a training script and record one steady-state iteration.
 
     \b
-    An iteration ends at each optimizer.step(). After the warm-up (and once two
-    iterations in a row ran the same ops) ITERATIONS more are profiled, the trace
-    is written and the script is ended (unless --run-to-completion).
+    An iteration ends at an optimizer.step(), or at every Nth step of a loop that
+    repeats every N steps (two optimizers: N = 2; found unless --steps-per-iteration).
+    After the warm-up (and once two iterations in a row ran the same ops) ITERATIONS
+    more are profiled, the trace is written and the script is ended (unless
+    --run-to-completion).
     \b
     Examples:
       teraio profile train.py --lr 3e-4
@@ -32,6 +38,7 @@ def command(trace_out, warmup, iterations, run_to_completion, device, command):
     """
     from teraio.commands.inspect import print_trace_summary  # rich view shared with inspect
 
-    paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device)
+    paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device,
+                    steps_per_iteration, step_timeout_s)
     for path in paths:
         print_trace_summary(path, console)

@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from teraio.formats.common import (
     PLAN_FORMAT, Producer, Strict, atomic_write_bytes, check_version, read_raw, validate,
@@ -32,15 +33,16 @@ class TraceRef(Strict):
     """What the plan was made from: the runtime refuses a plan whose op_digest differs."""
 
     op_digest: str
-    num_kernels: int
+    num_kernels: int = Field(gt=0)
     rank: int
     world_size: int
     device: str
     steady_from_iteration: int = Field(1, description="the profiled iteration: the job is steady from here on")
+    steps_per_iteration: int = Field(1, ge=1, description="optimizer steps per iteration, counted from the job's first")
 
 
 class PlannerInputs(Strict):
-    budget_bytes: int
+    budget_bytes: int = Field(gt=0)
     num_ssds: int
     ssd_read_gbps: float
     ssd_write_gbps: float
@@ -82,19 +84,40 @@ class PlanEntry(Strict):
     tensor: str = Field(description="stable tensor id from the trace")
     name: str
     kind: str
-    nbytes: int
+    nbytes: int = Field(gt=0)
     tier: Literal["ssd", "host"]
-    offload_after: int
-    offload_by: int
-    prefetch_at: int
-    needed_by: int
+    offload_after: int = Field(ge=0)
+    offload_by: int = Field(ge=0)
+    prefetch_at: int = Field(ge=0)
+    needed_by: int = Field(ge=0)
     wraps: bool
     reason: str
+
+
+KERNEL_FIELDS = ("offload_after", "offload_by", "prefetch_at", "needed_by")
 
 
 class Plan(Strict):
     header: PlanHeader
     entries: list[PlanEntry]
+
+    @field_validator("entries")
+    @classmethod
+    def _kernels_in_trace(cls, entries: list[PlanEntry], info: ValidationInfo) -> list[PlanEntry]:
+        """A hand-edited index past the trace's end would name a kernel that never runs."""
+        header = info.data.get("header")
+        if header is None:
+            return entries  # the header's own error is reported
+        num_kernels = header.trace.num_kernels
+        for i, entry in enumerate(entries):
+            for name in KERNEL_FIELDS:
+                if getattr(entry, name) >= num_kernels:
+                    raise PydanticCustomError(
+                        "kernel_out_of_range",
+                        "entry {i} ({tensor}) has {name} {value}, past the trace's last kernel {last}",
+                        {"i": i, "tensor": entry.tensor, "name": name, "value": getattr(entry, name),
+                         "last": num_kernels - 1})
+        return entries
 
 
 def sort_entries(entries: list[PlanEntry]) -> list[PlanEntry]:

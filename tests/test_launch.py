@@ -1,0 +1,167 @@
+"""Stopping a job under `teraio run`: what docker stop, slurm, an ssh hangup and Ctrl-C send.
+
+The signal goes to the `teraio` process (as a supervisor sends it); the job must end with it,
+teraio must exit as a shell reports the job's end (128 + N), and the job's report and swap
+folders must be handled. All through the real CLI on a small model that trains until stopped.
+"""
+
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from teraio.formats.plan import save_plan
+from teraio.formats.report import load_report
+from teraio.formats.trace import live_bytes_per_kernel, load_trace
+from cli_helpers import CPU_ENV, ok, teraio
+from runtime_helpers import every_period_plan
+
+# Trains until stopped, 50 ms a step after step 3, when it writes its pid to READY; with
+# --kill-self it kills itself with SIGKILL there instead (an OOM killer's end).
+SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+import torch
+torch.manual_seed(0)
+steps, ready = int(sys.argv[1]), sys.argv[2]
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(32, 64)
+for step in range(steps):
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 3 and "--kill-self" in sys.argv:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if step == 3:
+        Path(ready).write_text(str(os.getpid()))
+    if step >= 3:
+        time.sleep(0.05)
+"""
+START_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The script and a plan that keeps swap files on the SSD tier at every step."""
+    tmp = tmp_path_factory.mktemp("launch")
+    (tmp / "train.py").write_text(SCRIPT)
+    ok(teraio("profile", "-o", tmp / "t.msgpack", "--", "python", tmp / "train.py", 8, tmp / "unused", cwd=tmp))
+    trace = load_trace(tmp / "t.msgpack")
+    plan = every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2)
+    assert any(e.tier == "ssd" for e in plan.entries)
+    save_plan(plan, tmp / "plan.json")
+    return tmp
+
+
+def run_args(job, tmp_path, *script_args) -> list[str]:
+    return [sys.executable, "-m", "teraio", "run", "--plan", str(job / "plan.json"), "--ssd-dir",
+            str(tmp_path / "ssd"), "--report", str(tmp_path / "run.json"), "--", "python",
+            str(job / "train.py"), "100000", str(tmp_path / "ready"), *script_args]
+
+
+def wait_until_training(tmp_path, alive) -> int:
+    """The job's pid, once it has trained a few planned steps."""
+    ready, deadline = tmp_path / "ready", time.monotonic() + START_TIMEOUT_S
+    while not ready.exists() or not ready.read_text():
+        assert alive(), "teraio run ended before the job was training"
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.1)
+    return int(ready.read_text())
+
+
+def assert_stopped_cleanly(tmp_path, job_pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(job_pid, 0)  # teraio waited for (and reaped) its job: nothing trains on
+    assert list((tmp_path / "ssd").iterdir()) == []  # the job's swap folder is gone
+    assert load_report(tmp_path / "run.json").iterations >= 4
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_to_teraio_stops_the_job_which_writes_its_report(job, tmp_path, signum):
+    env = dict(os.environ, **CPU_ENV)
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen(run_args(job, tmp_path), env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            job_pid = wait_until_training(tmp_path, lambda: proc.poll() is None)
+            proc.send_signal(signum)
+            status = proc.wait(timeout=STOP_TIMEOUT_S)
+        finally:
+            proc.kill()
+            _kill_job(tmp_path)
+    assert status == 128 + signum, (tmp_path / "out.txt").read_text()
+    assert_stopped_cleanly(tmp_path, job_pid)
+
+
+def test_ctrl_c_at_a_terminal_stops_the_job_once_and_exits_130(job, tmp_path):
+    """The terminal sends SIGINT to its foreground process group: teraio's. The job, in a
+    session of its own, gets it once, from teraio."""
+    pid, master = pty.fork()
+    if pid == 0:  # the child: teraio run as a shell starts it, on the terminal
+        os.chdir(tmp_path)
+        os.execvpe(sys.executable, run_args(job, tmp_path), dict(os.environ, **CPU_ENV))
+    output = bytearray()
+    reader = threading.Thread(target=_drain, args=(master, output), daemon=True)
+    reader.start()  # a terminal nobody reads blocks the job's writes
+    try:
+        job_pid = wait_until_training(tmp_path, lambda: os.waitpid(pid, os.WNOHANG) == (0, 0))
+        os.write(master, b"\x03")
+        status = _wait_status(pid, STOP_TIMEOUT_S)
+    finally:
+        _kill_if_alive(pid)
+        _kill_job(tmp_path)
+    reader.join(timeout=10)
+    assert status == 130, output.decode(errors="replace")
+    assert output.count(b"KeyboardInterrupt") == 1  # one Ctrl-C, one interrupt in the job
+    assert_stopped_cleanly(tmp_path, job_pid)
+
+
+def test_a_job_killed_by_sigkill_makes_teraio_exit_137(job, tmp_path):
+    proc = teraio(*run_args(job, tmp_path, "--kill-self")[3:], cwd=tmp_path, timeout=START_TIMEOUT_S)
+    assert proc.returncode == 137, proc.stderr  # 128 + 9, as a shell says it (not 247)
+
+
+def _drain(fd: int, sink: bytearray) -> None:
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the terminal's last user is gone
+            return
+        if not chunk:
+            return
+        sink.extend(chunk)
+
+
+def _wait_status(pid: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.1)
+    raise AssertionError(f"teraio run did not end within {timeout_s} s of Ctrl-C")
+
+
+def _kill_job(tmp_path) -> None:
+    """A job that outlived a failed test must not train on forever."""
+    ready = tmp_path / "ready"
+    if ready.exists() and ready.read_text():
+        try:
+            os.kill(int(ready.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_if_alive(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
