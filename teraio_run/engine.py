@@ -342,7 +342,11 @@ class MigrationEngine:
         """Bring every tensor back (checkpointing, shutdown, a plan we stopped following)."""
         for key in list(self.moved):
             record = records_by_key.get(key)
-            if record is not None:
+            if record is None:
+                continue
+            if record.ref.expired():  # dropped by the program while out, not yet tidied away
+                self.forget_dead([key])
+            else:
                 self.ensure_resident(record, "restore_all")
 
 

@@ -35,6 +35,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -139,6 +140,10 @@ def _pin_exactly(buffer: torch.Tensor) -> None:
                            f"(cudaHostRegister error {err}): lower --host-mem when planning")
 
 
+def _unpin(address: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
 class FirstFitSlots:
     """Offsets into `capacity` bytes, handed out first-fit in POOL_ALIGN_BYTES units (the host
     pool's bookkeeping, apart from its buffer so bench/pool_replay.py can replay a plan)."""
@@ -186,6 +191,9 @@ class HostPool(FirstFitSlots):
         self.buffer = torch.empty(nbytes, dtype=torch.uint8)
         if pin and nbytes > 0:
             _pin_exactly(self.buffer)
+            # The registration outlives the buffer otherwise: a later buffer at the same address
+            # (the next pool in this process) fails to register (cudaErrorHostMemoryAlreadyRegistered).
+            weakref.finalize(self.buffer, _unpin, self.buffer.data_ptr())
 
     def slice(self, offset: int, nbytes: int) -> torch.Tensor:
         return self.buffer[offset:offset + nbytes]

@@ -15,7 +15,7 @@ MOVABLE = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
 def every_period_plan(trace: Trace, budget_bytes: int, tiers=("host", "ssd"), min_gap: int = 2) -> Plan:
     entries = []
     for i in range(trace.num_tensors):
-        if Kind(trace.kind[i]) not in MOVABLE:
+        if Kind(trace.kind[i]) not in MOVABLE or trace.nbytes[i] == 0:  # nothing to move (a plan refuses it)
             continue
         uses = sorted(set(int(u) for u in trace.uses(i)))
         periods = [(a, b, False) for a, b in zip(uses, uses[1:]) if b - a >= min_gap]

@@ -53,3 +53,31 @@ def test_a_full_pool_waits_for_slots_that_copy_ins_still_read_instead_of_spillin
     # with nothing left to wait for, a full pool does spill to the other tier
     tier, _ = engine._place("host", POOL_ALIGN_BYTES)
     assert tier.name == "ssd" and engine.stats.other_tier_bytes == POOL_ALIGN_BYTES
+
+
+def test_bringing_everything_back_skips_a_tensor_the_program_dropped_while_it_was_out(tmp_path):
+    """A save right after an iteration (teraio.resident(), save_pretrained) brings every moved
+    tensor back; one the program freed while it was out (not tidied until the iteration ends)
+    is forgotten and its slot freed, not re-allocated (it crashed save_pretrained on CUDA)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from teraio.formats.trace import Kind
+    from teraio.walk import StorageRecord
+    from teraio_run.engine import MigrationEngine
+    from teraio_run.tiers import HostTier, PosixFiles, SsdTier
+
+    threads = ThreadPoolExecutor(max_workers=1)
+    pool = HostPool(1 << 20, pin=False)
+    engine = MigrationEngine(HostTier(pool, False, threads), SsdTier([tmp_path], PosixFiles(), False, threads), False)
+    kept, dropped = torch.arange(1000.0), torch.ones(1000)
+    records = {}
+    for tensor in (kept, dropped):
+        storage = tensor.untyped_storage()
+        records[storage._cdata] = StorageRecord(storage._cdata, "t", Kind.activation, tensor, storage, 0)
+        assert engine.offload(records[storage._cdata], "host")
+    engine.wait_offloads(records)
+    del dropped, tensor, storage  # the program's last references
+    engine.restore_all(records)
+    assert torch.equal(kept, torch.arange(1000.0)) and not engine.moved and pool.used == 0
