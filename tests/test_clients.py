@@ -55,7 +55,7 @@ def assert_same_safetensors(a: Path, b: Path) -> None:
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), "saved weights differ"
 
 
-def test_save_pretrained_safetensors_and_numpy_after_training_see_true_values(tmp_path):
+def test_save_pretrained_safetensors_numpy_and_dlpack_after_training_see_true_values(tmp_path):
     """The job ends with the plan's wrap-around offloads done: every weight is out. Its
     saves read raw memory (no ATen op): save_pretrained and accelerate's save_model refused
     (offloaded storages all at address 0 look shared), save_file wrote garbage or failed."""

@@ -23,15 +23,20 @@ from runtime_helpers import every_period_plan
 ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
 
 # Runs the example, removing the swap folders of this run (what `rm -rf DIR/*` does to a
-# running job) right after the given optimizer step. The agent starts at the job's first op,
-# so the folders exist only from then on. With --swallow the script catches every error and
-# ends as if all went well.
+# running job) right after the given optimizer step, or with --fill filling their disk then
+# (another process writing to the same drive: preflight found room, the run loses it). The
+# agent starts at the job's first op, so the folders exist only from then on. With --swallow
+# the script catches every error and ends as if all went well.
 DRIVER = """
 import glob, os, runpy, shutil, sys
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-ssd, at, swallow = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "--swallow"
+ssd, at, swallow, fill = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "--swallow", sys.argv[3] == "--fill"
+
+def fill_the_disk():
+    with open(os.path.join(ssd, "filler"), "wb") as f:
+        f.write(bytes(shutil.disk_usage(ssd).free - (256 << 10)))
 
 def remove_swap_folders():
     for folder in glob.glob(os.path.join(ssd, "teraio-*")):
@@ -42,7 +47,7 @@ steps = [0]
 def after_step(optimizer, args, kwargs):
     steps[0] += 1
     if steps[0] == at:
-        remove_swap_folders()
+        fill_the_disk() if fill else remove_swap_folders()
 
 register_optimizer_step_post_hook(after_step)
 sys.argv = sys.argv[4:]
@@ -68,11 +73,14 @@ def work(tmp_path_factory):
     return tmp
 
 
-def run_example(work, tmp_path, ssd_dir, remove_at=None, swallow=False):
-    """teraio run of the example (through the driver when swap folders are to be removed)."""
+def run_example(work, tmp_path, ssd_dir, remove_at=None, swallow=False, fill_at=None):
+    """teraio run of the example (through the driver when swap folders are to be removed or
+    their disk filled)."""
     script = ["python", EXAMPLE]
     if remove_at is not None:
         script = ["python", work / "driver.py", ssd_dir, remove_at, "--swallow" if swallow else "-", EXAMPLE]
+    if fill_at is not None:
+        script = ["python", work / "driver.py", ssd_dir, fill_at, "--fill", EXAMPLE]
     report = tmp_path / "run.json"
     proc = teraio("run", "--plan", work / "plan.json", "--ssd-dir", ssd_dir, "--report", report, "--", *script,
                   *ARGS, "--losses-out", tmp_path / "losses.json", "--state-out", tmp_path / "state.pt",
@@ -94,23 +102,23 @@ def assert_survived(work, tmp_path, proc, report):
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    """A 2 MiB tmpfs: a disk that fills up in the first planned iteration."""
+    """A 64 MiB tmpfs: room enough for the plan at the start (preflight checks it)."""
     folder = tmp_path / f"tiny-{uuid.uuid4().hex[:8]}"
     folder.mkdir()
     if shutil.which("mount") is None:
-        pytest.skip("no mount command here to make a 2 MiB tmpfs")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)],
+        pytest.skip("no mount command here to make a small tmpfs")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)],
                           capture_output=True, text=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MiB tmpfs here (needs root or CAP_SYS_ADMIN): {made.stderr.strip()}")
+        pytest.skip(f"cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): {made.stderr.strip()}")
     try:
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)
 
 
-def test_a_full_disk_is_said_once_and_the_run_goes_on_in_the_host_pool(work, tmp_path, tiny_disk):
-    proc, report = run_example(work, tmp_path, tiny_disk)
+def test_a_disk_that_fills_up_is_said_once_and_the_run_goes_on_in_the_host_pool(work, tmp_path, tiny_disk):
+    proc, report = run_example(work, tmp_path, tiny_disk, fill_at=1)  # before the first planned iteration
     assert_survived(work, tmp_path, proc, report)
     assert proc.stderr.count(f"teraio: warning: disk full on {tiny_disk}") == 1
     assert [reason for reason in report.closed_swap_dirs.values()] == [f"disk full on {tiny_disk}"]

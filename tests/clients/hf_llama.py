@@ -36,7 +36,7 @@ def main():
     p.add_argument("--losses-out")
     p.add_argument("--save-pretrained", help="model.save_pretrained(DIR) after training (safetensors)")
     p.add_argument("--safetensors-out", help="safetensors.torch.save_file of the parameters")
-    p.add_argument("--numpy-out", help="np.save of every parameter through Tensor.numpy()")
+    p.add_argument("--numpy-out", help="np.savez of the parameters through Tensor.numpy() and DLPack")
     p.add_argument("--accelerate-save", help="accelerate's Accelerator().save_model(model, DIR)")
     p.add_argument("--eval-every", type=int, default=0, help="an evaluation pass under no_grad after every N steps")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) on a frozen base")
@@ -80,7 +80,9 @@ def main():
         Accelerator(cpu=args.device == "cpu").save_model(model, args.accelerate_save)
     if args.numpy_out:
         import numpy as np
-        np.savez(args.numpy_out, **{n: p.detach().cpu().numpy() for n, p in model.named_parameters()})
+        # every other parameter through DLPack: both hand out a raw pointer to the storage
+        np.savez(args.numpy_out, **{n: np.from_dlpack(p.detach().cpu()) if i % 2 else p.detach().cpu().numpy()
+                                    for i, (n, p) in enumerate(model.named_parameters())})
 
 
 if __name__ == "__main__":
