@@ -87,3 +87,20 @@ def sparkline(values: np.ndarray, width: int = 60) -> str:
     lo, hi = peaks.min(), peaks.max()
     scaled = np.zeros_like(peaks) if hi == lo else (peaks - lo) / (hi - lo)
     return "".join(bars[int(v * (len(bars) - 1))] for v in scaled)
+
+
+def plan_following(report) -> str:
+    """How many iterations of a run followed the plan and why the others did not (Note
+    [When the plan is followed] in teraio_run/agent.py), in one line."""
+    rows = report.per_iteration
+    followed = sum(1 for row in rows if row.followed_plan)
+    paused = sum(1 for row in rows if row.paused_at_kernel >= 0)
+    unplanned = len(rows) - followed - paused
+    parts = [f"plan followed in {followed} of {len(rows)} iterations"]
+    if paused:
+        parts.append(f"{paused} paused at an op unlike the trace's (first: {report.pause_reason})")
+    if unplanned:
+        why = (f"a guard trip: {report.guard_reason}" if report.guard_trips else
+               "the job's first iterations, before one ran the traced ops")
+        parts.append(f"{unplanned} ran unplanned ({why})")
+    return "; ".join(parts)

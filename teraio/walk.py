@@ -155,6 +155,19 @@ def op_signature(func, out_tensors: list) -> int:
     return zlib.crc32(f"{func}|{shapes}".encode())
 
 
+def op_structure(func, out_tensors: list) -> int:
+    """crc32 of the op name and its outputs' count, dtypes and ranks, sizes aside: what the
+    guard compares when shapes vary (Note [When the plan is followed] in teraio_run/agent.py).
+    Rank and dtype tell a different code path (a broadcast, a cast) from another batch size."""
+    outs = [(t.dtype, t.dim()) for t in out_tensors]
+    return zlib.crc32(f"{func}|{outs}".encode())
+
+
+def op_signatures(func, out_tensors: list) -> tuple[int, int]:
+    """Both, for the profiler, which records exact signatures and settles on structure."""
+    return op_signature(func, out_tensors), op_structure(func, out_tensors)
+
+
 _multi_tensor: dict = {}
 
 
@@ -283,6 +296,8 @@ class OpWalk(TorchDispatchMode):
     def __init__(self, listener: WalkListener, device_type: str, steps_per_iteration: int = 1):
         super().__init__()
         self.listener = listener
+        # what after_op gets as `signature`: op_signature, or what the listener compares instead
+        self.signature_of = op_signature
         self.device_type = device_type
         self.steps_per_iteration = steps_per_iteration  # Note [Iteration boundary]
         self.steps = 0                # optimizer steps (or teraio_step calls) since the job started
@@ -491,7 +506,7 @@ class OpWalk(TorchDispatchMode):
         out_tensors = tensors_in(out, [])
         known = {r.key for r in inputs}
         new = [r for r in self._records_of(out_tensors, func, None) if r.key not in known]
-        self.listener.after_op(k, func, inputs, new, op_signature(func, out_tensors))
+        self.listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
         host_s = self.host_s
         host_s["ops"] += t2 - t1
         host_s["walk"] += perf_counter() - t2 + t1 - t0

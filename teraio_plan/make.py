@@ -133,7 +133,8 @@ def assemble_plan(trace: Trace, inputs: PlannerInputs, result: PlannerResult, si
         producer=Producer(teraio=__version__),
         trace=TraceRef(op_digest=h.op_digest, num_kernels=h.num_kernels, rank=h.rank,
                        world_size=h.world_size, device=h.device.name,
-                       steady_from_iteration=h.warmup_iterations, steps_per_iteration=h.steps_per_iteration),
+                       steady_from_iteration=h.warmup_iterations, steps_per_iteration=h.steps_per_iteration,
+                       structure_digest=h.structure_digest),
         inputs=inputs, prediction=_prediction(result, sim),
     )
     return Plan(header=header, entries=sort_entries(result.entries))

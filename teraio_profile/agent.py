@@ -25,7 +25,7 @@ from teraio.formats.trace import (
     DeviceInfo, KernelTable, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
     live_bytes_per_kernel, save_trace,
 )
-from teraio.walk import OpWalk, WalkListener, activate, deactivate
+from teraio.walk import OpWalk, WalkListener, activate, deactivate, op_signatures
 from teraio_profile.recorder import TraceRecorder
 from teraio.settings import Settings, rank_path, status_path
 
@@ -39,6 +39,7 @@ class ProfileAgent(WalkListener):
         self.recorder = TraceRecorder(self.device_type, settings.warmup, settings.iterations,
                                       settings.steps_per_iteration)
         self.walk = OpWalk(self, self.device_type, settings.steps_per_iteration or 1)
+        self.walk.signature_of = op_signatures   # exact and structural (Note [Shapes that vary])
         self.recorder.walk = self.walk
         self.written = None
         self._watchdog: threading.Timer | bool = False   # Note [No step]; False until the first op
@@ -95,6 +96,8 @@ class ProfileAgent(WalkListener):
             print(f"teraio: warning: profiled iterations ran different op sequences ({lengths} ops); the "
                   "trace keeps the one most iterations ran, timed over those that ran it (use more "
                   "--warmup if the job settles later)", file=sys.stderr)
+        if rec.choice:
+            print(f"teraio: {rec.choice}", file=sys.stderr)
         kernels = rec.kernel_columns()
         tensors = rec.tensor_columns()
         header = self._header(kernels, tensors)
@@ -106,13 +109,15 @@ class ProfileAgent(WalkListener):
 
     def _header(self, kernels, tensors) -> TraceHeader:
         s, rec = self.settings, self.recorder
-        digest = hashlib.sha256(np.asarray(kernels["signature"], dtype=np.uint32).tobytes()).hexdigest()[:16]
+        digest, structure = (hashlib.sha256(np.asarray(kernels[col], dtype=np.uint32).tobytes()).hexdigest()[:16]
+                             for col in ("signature", "structure"))
         return TraceHeader(
             producer=Producer(teraio=__version__, torch=torch.__version__, cuda=torch.version.cuda),
             command=s.command, world_size=s.world_size, rank=s.rank, device=self._device_info(),
             warmup_iterations=rec.steps_before_window // rec.steps_per_iteration,
             profiled_iterations=s.iterations, steps_per_iteration=rec.steps_per_iteration,
             num_kernels=rec.kernels_in_window, num_tensors=len(tensors["id"]), op_digest=digest,
+            structure_digest=structure, compared_iterations=max(1, len(rec.candidates)),
             iteration_ms=round(float(min(rec.warm_iteration_ms() or [np.median(rec.iteration_ms)])), 3),
             kernel_time_scale=round(rec.time_scale, 4),
             gradients_stay_on_device=self.walk.wrapped_in_ddp(),
@@ -145,7 +150,7 @@ class ProfileAgent(WalkListener):
         if path is None or not (walk.roots or walk.steps or error):
             return False
         p = walk.steps_per_iteration
-        needed = rec.steps_before_window // p + self.settings.iterations if rec.window is not None else None
+        needed = rec.needed_iterations
         status = {"iterations": walk.steps // p, "steps": walk.steps, "trace": self.written,
                   "rank": self.settings.rank, "needed": needed}
         path.write_text(json.dumps(status | ({"error": error} if error else {})))

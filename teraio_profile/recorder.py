@@ -20,9 +20,11 @@ hashes, so that a job whose shapes change every step (dynamic padding) still sho
 cycle. Two optimizers stepped in one loop give steps of 703 and 8 ops, alternating: p = 2.
 Without a cycle after MAX_SETTLE_STEPS steps, one step is one iteration. The walk then ends
 an iteration every p steps. Recording starts with the next iteration once the warm-up is
-over and the last two iterations ran the same ops by hash (DDP rebuilds its buckets after
-the first one; AdamW makes its state in iteration 0), or after MAX_SETTLE_ITERATIONS more,
-whatever the job does then.
+over and the last two iterations ran the same ops by structural hash (op names, outputs'
+dtypes and ranks: teraio/walk.py op_structure; DDP rebuilds its buckets after the first one;
+AdamW makes its state in iteration 0), or after MAX_SETTLE_ITERATIONS more, whatever the job
+does then. When those two differ in their exact hashes (shapes), the job's shapes vary
+(Note [Shapes that vary]).
 
 Note [Which iteration is recorded]
 A job that saves a checkpoint, evaluates or logs every few iterations runs more ops in
@@ -36,34 +38,55 @@ iteration's hash is rarer than another's among the iterations seen since the job
 recorded instead, at most MAX_SETTLE_ITERATIONS times. The common case costs nothing more;
 each atypical iteration costs one more iteration of profiling. Timed iterations that ran
 other ops are left out of the kernel times.
+
+Note [Shapes that vary]
+A job with dynamic padding, a short last batch or packed sequences runs the same ops in the
+same order every iteration with other sizes. The runtime follows a plan in every iteration
+of the trace's structure (Note [When the plan is followed] in teraio_run/agent.py), so the
+trace must be the iteration that needs the most memory: then the plan holds for the smaller
+ones as it is. Such a job (settled on structure, its last two iterations unlike by shape)
+records candidates one at a time, as above: a window, one more iteration that watches its
+tensors die (a gradient freed by the next zero_grad), then the next window; max(iterations,
+MIN_VARYING_CANDIDATES) of them. Each leaves its columns and its peak traced memory (the
+trace's memory model, live_bytes_per_kernel); the trace is the one with the highest peak of
+those with the job's common structure, timed by its own kernels, and stderr says which one
+was kept among how many. Candidates are two iterations apart, so a job whose shapes cycle
+with an even period shows only every other phase: if a larger one was missed, the runtime
+still follows the plan there and its budget keeper holds the cap. Random lengths (the usual
+dynamic padding) are sampled fairly; more --iterations compare more candidates. Jobs whose
+shapes do not vary record exactly as before (one window, `iterations` timed).
 """
 
 import time
+import weakref
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from teraio.formats.trace import Kind
+from teraio.formats.trace import Kind, live_bytes_per_kernel
 from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes
 
 NOT_FREED = -1
 MAX_SETTLE_ITERATIONS = 4
 MAX_AUTO_STEPS_PER_ITERATION = 4   # longer cycles: --steps-per-iteration
 MAX_SETTLE_STEPS = 3 * MAX_AUTO_STEPS_PER_ITERATION  # a first cycle that differs, then two alike
-IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole run: never scanned for death
+MIN_VARYING_CANDIDATES = 3        # Note [Shapes that vary]: iterations compared at least
+IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole run: never watched for death
 
 
 class _TensorLife:
     """Lifetime of one storage relative to the window iteration."""
 
-    __slots__ = ("record", "uses", "born", "freed")
+    __slots__ = ("record", "uses", "born", "freed", "watch")
 
     def __init__(self, record: StorageRecord, born: int):
         self.record = record
         self.uses: list[int] = []
         self.born = born          # kernel in the window; -1 if born before it
         self.freed = NOT_FREED    # absolute kernel count from window start; -1 if alive at end
+        self.watch = None         # weak reference to its storage (Note [Deaths])
 
 
 class _Clock:
@@ -111,16 +134,20 @@ class TraceRecorder(WalkListener):
         self.iteration = 0
         self.walk = None                         # set by the agent
         self._cur_sig: list[int] = []
+        self._cur_struct: list[int] = []             # structural signatures (Note [Shapes that vary])
         self._cur_us: list[float] = []
         self._event = None
         self._iteration_t0 = self._step_t0 = time.perf_counter()
         self.finished = False
-        self._last_allocated = 0
         # Note [Steady state]: per step since the job began
         self.cycle_known = steps_per_iteration > 0   # else found by cycle_length
         self.step_ops: list[int] = []
         self.step_backward: list[bool] = []
         self.step_hashes: list[int] = []
+        self.step_structures: list[int] = []
+        self.varying = False                         # Note [Shapes that vary]
+        self.candidates: list[dict] = []             # their recorded windows, summed up
+        self.choice = ""                             # which was kept and why, for stderr
         self.warm_step_ms: list[float] = []          # synchronized wall time of steps before the window
         self._step_start = 0                         # where the current step's ops begin in _cur_sig
         self._backward = False                       # the current step ran a backward op
@@ -128,14 +155,16 @@ class TraceRecorder(WalkListener):
         self.steps_before_window = 0
         self.cycle_counts: Counter = Counter()       # Note [Which iteration is recorded]
         self.rerecorded = 0
+        self.kept: dict | None = None                # the candidate written (Note [Shapes that vary])
         self._reset_window()
 
     def _reset_window(self) -> None:
         self.lives: dict[int, _TensorLife] = {}  # storage key -> life, window tensors only
-        self.mortal: list[_TensorLife] = []      # not yet seen freed
+        self._freed: list[_TensorLife] = []      # Note [Deaths]: freed since the last op
         self.window_ops: list = []
         self.window_phase: list[int] = []
         self.signatures: list[list[int]] = []    # per profiled iteration
+        self.structures: list[int] = []          # the window's structural signatures
         self.durations_us: list[list[float]] = []
         self.device_bytes: list[int] = []
         self.iteration_ms: list[float] = []
@@ -143,14 +172,34 @@ class TraceRecorder(WalkListener):
 
     @property
     def recording(self) -> bool:
-        return self.window is not None and self.window <= self.iteration < self.window + self.iterations
+        return self.window is not None and self.window <= self.iteration < self.window + self.span
+
+    @property
+    def span(self) -> int:
+        """Iterations from the window's start until its recording is complete: a varying job
+        records the window and watches its tensors die for one more (Note [Shapes that vary])."""
+        return 2 if self.varying else self.iterations
+
+    @property
+    def needed_iterations(self) -> int | None:
+        """Iterations the job must run for the profile to finish, once the window is known."""
+        if self.window is None:
+            return None
+        more = max(0, self.candidates_wanted - len(self.candidates) - 1) if self.varying else 0
+        return self.window + self.span * (1 + more)
+
+    @property
+    def candidates_wanted(self) -> int:
+        return max(self.iterations, MIN_VARYING_CANDIDATES)
 
     def before_op(self, k, func, inputs):
         if self.recording:
             self._event = self.clock.start()
 
     def after_op(self, k, func, inputs, new, signature):
-        self._cur_sig.append(signature)
+        exact, structure = signature   # the walk gives both (teraio.walk.op_signatures)
+        self._cur_sig.append(exact)
+        self._cur_struct.append(structure)
         if not (self.cycle_known or self._backward):
             self._backward = torch._C._current_autograd_node() is not None
         if not self.recording:
@@ -173,25 +222,42 @@ class TraceRecorder(WalkListener):
                 born = k if record.born_iteration == self.iteration else -1
                 life = self.lives[record.key] = _TensorLife(record, born)
                 if record.kind not in IMMORTAL_KINDS:
-                    self.mortal.append(life)
+                    self._watch(life)
             life.uses.append(k)
 
+    def _watch(self, life: _TensorLife) -> None:
+        """Note [Deaths]: a window tensor dies at the op after which its storage is first seen
+        freed. Scanning every live storage after every op made profiling quadratic in the live
+        set (1.8 ms per op for an 800-layer model); instead a weak reference to the storage's
+        Python object, which PyTorch keeps for as long as the storage lives, calls back when
+        it is freed. That may happen in an autograd thread or inside the garbage collector, so
+        the callback only appends; the next op stamps the death."""
+        storage = life.record.storage()
+        freed = self._freed
+        if storage is None:
+            freed.append(life)
+            return
+        life.watch = weakref.ref(storage, lambda _ref: freed.append(life))
+
     def _note_deaths(self, k):
-        if not self.mortal or not self._maybe_freed():
+        freed = self._freed
+        if not freed:
             return
         offset = (self.iteration - self.window) * self.kernels_in_window
-        still = []
-        for life in self.mortal:
+        n = len(freed)   # callbacks may append meanwhile: they wait for the next op
+        pending = freed[:n]
+        del freed[:n]
+        for life in pending:
             if life.record.ref.expired():
                 life.freed = offset + k
-            else:
-                still.append(life)
-        self.mortal = still
+            else:  # its Python object died before the storage: watch a new one
+                self._watch(life)
 
     def on_step_end(self):
         signatures = self._cur_sig[self._step_start:]
         self.step_ops.append(len(signatures))
         self.step_hashes.append(hash(tuple(signatures)))
+        self.step_structures.append(hash(tuple(self._cur_struct[self._step_start:])))
         self.step_backward.append(self._backward)
         self._step_start, self._backward = len(self._cur_sig), False
         if self.window is None:  # warm-up steps are timed one by one: iterations are not known yet
@@ -207,16 +273,21 @@ class TraceRecorder(WalkListener):
             self.iteration_ms.append((now - self._iteration_t0) * 1e3)
             if iteration == self.window:
                 self.kernels_in_window = num_kernels
+                self.structures = self._cur_struct
         if self.window is None:
             self._settle(iteration)
         else:
             self._count_cycle(iteration)
-        self._cur_sig, self._cur_us, self._step_start = [], [], 0
+            if self.varying and iteration == self.window + 1:
+                self._end_candidate(iteration)
+        self._cur_sig, self._cur_struct, self._cur_us, self._step_start = [], [], [], 0
         if self.clock.cuda:
             torch.cuda.synchronize()
         self._iteration_t0 = self._step_t0 = time.perf_counter()
         self.iteration = iteration + 1
-        self.finished = self.window is not None and self.iteration >= self.window + self.iterations
+        self.finished = self.window is not None and self.iteration >= self.window + self.span
+        if self.finished and self.varying:
+            self._keep_largest()
 
     @property
     def steps_per_iteration(self) -> int:
@@ -230,10 +301,12 @@ class TraceRecorder(WalkListener):
         s = len(hashes)
         if s // p < self.warmup:
             return
-        repeated = s >= 2 * p and hashes[s - 2 * p:s - p] == hashes[s - p:]
+        structures = self.step_structures
+        repeated = s >= 2 * p and structures[s - 2 * p:s - p] == structures[s - p:]
         if repeated or s // p >= self.warmup + MAX_SETTLE_ITERATIONS:
+            self.varying = repeated and hashes[s - 2 * p:s - p] != hashes[s - p:]
             self.window, self.steps_before_window = iteration + 1, s
-            self.cycle_counts[hash(tuple(hashes[s - p:]))] = 2 if repeated else 1
+            self.cycle_counts[self._cycle_key()] = 2 if repeated else 1
 
     def _find_cycle(self) -> bool:
         p = cycle_length(self.step_ops, self.step_backward, MAX_AUTO_STEPS_PER_ITERATION)
@@ -247,7 +320,7 @@ class TraceRecorder(WalkListener):
 
     def _count_cycle(self, iteration: int) -> None:
         """Note [Which iteration is recorded]: re-record when the window ran uncommon ops."""
-        cycle = hash(tuple(self.step_hashes[-self.steps_per_iteration:]))
+        cycle = self._cycle_key()
         self.cycle_counts[cycle] += 1
         if iteration != self.window or self.rerecorded >= MAX_SETTLE_ITERATIONS:
             return
@@ -256,18 +329,44 @@ class TraceRecorder(WalkListener):
             self._reset_window()
             self.window, self.steps_before_window = iteration + 1, len(self.step_hashes)
 
-    def _maybe_freed(self) -> bool:
-        """On CUDA a storage can only have died if the allocator's count went down; checking
-        every live tensor after every op is what makes profiling slow."""
-        if self.device_type != "cuda":
-            return True
-        allocated = cuda_allocated_bytes()
-        dropped = allocated < self._last_allocated
-        self._last_allocated = allocated
-        return dropped
+    def _cycle_key(self) -> int:
+        """The last iteration's op sequence: exact, or its structure when shapes vary."""
+        steps = self.step_structures if self.varying else self.step_hashes
+        return hash(tuple(steps[-self.steps_per_iteration:]))
+
+    def _end_candidate(self, iteration: int) -> None:
+        """Note [Shapes that vary]: the window has been watched for one more iteration; keep
+        what the trace needs of it and record the iteration after next."""
+        kernels, tensors = self.kernel_columns(), self.tensor_columns()
+        self.candidates.append({
+            "window": self.window, "structure": hash(tuple(self.step_structures[
+                self.steps_before_window:self.steps_before_window + self.steps_per_iteration])),
+            "peak_bytes": _peak_traced_bytes(tensors, self.kernels_in_window),
+            "kernels": kernels, "tensors": tensors, "steps_before_window": self.steps_before_window,
+            "kernels_in_window": self.kernels_in_window, "iteration_ms": self.iteration_ms[:1],
+            "time_scale": self.time_scale, "signatures": self.signatures[:1]})
+        if len(self.candidates) < self.candidates_wanted:
+            self._reset_window()
+            self.window, self.steps_before_window = iteration + 1, len(self.step_hashes)
+
+    def _keep_largest(self) -> None:
+        """Of the candidates with the job's common structure, the one with the highest traced
+        peak: a plan that fits it fits the smaller ones (the runtime follows those too)."""
+        common = self.cycle_counts.most_common(1)[0][0]
+        alike = [c for c in self.candidates if c["structure"] == common] or self.candidates
+        kept = max(alike, key=lambda c: (c["peak_bytes"], -c["window"]))
+        for name in ("steps_before_window", "kernels_in_window", "iteration_ms", "time_scale", "signatures"):
+            setattr(self, name, kept[name])
+        self.kept = kept
+        others = ", ".join(f"{c['window']}: {c['peak_bytes'] / 2**20:.1f}" for c in self.candidates if c is not kept)
+        self.choice = (f"shapes vary from iteration to iteration: compared {len(self.candidates)} iterations, "
+                       f"{len(alike)} with the common op structure; kept iteration {kept['window']}, the largest "
+                       f"({kept['peak_bytes'] / 2**20:.1f} MiB traced peak; others {others} MiB)")
 
     # ----- assembling the tables -----------------------------------------------------------
     def steady(self) -> bool:
+        if self.kept is not None:  # shapes vary by design: the choice is said apart
+            return True
         return all(sig == self.signatures[0] for sig in self.signatures)
 
     def _synchronized_ms(self, t0: float) -> float:
@@ -293,6 +392,8 @@ class TraceRecorder(WalkListener):
         return min(1.0, min(warm_ms) / event_sum_ms)
 
     def kernel_columns(self) -> dict:
+        if self.kept is not None:
+            return self.kept["kernels"]
         op_names = sorted(set(self.window_ops))
         index = {name: i for i, name in enumerate(op_names)}
         num_k = self.kernels_in_window
@@ -308,9 +409,12 @@ class TraceRecorder(WalkListener):
             "duration_us": [round(float(d), 3) for d in durations],
             "device_bytes": self.device_bytes or [-1] * num_k,
             "signature": self.signatures[0],
+            "structure": self.structures,
         }
 
     def tensor_columns(self) -> dict:
+        if self.kept is not None:
+            return self.kept["tensors"]
         num_k = self.kernels_in_window
         lives = sorted(self._kept_lives(), key=lambda life: (life.uses[0], life.record.id))
         cols = {key: [] for key in ("id", "name", "kind", "nbytes", "dtype", "shape", "born", "freed")}
@@ -339,6 +443,15 @@ class TraceRecorder(WalkListener):
         if life.freed == NOT_FREED:
             return life.born, life.born + num_k  # outlived the profile: assume its twin replaces it
         return life.born, max(life.freed, life.born + 1)
+
+
+def _peak_traced_bytes(tensors: dict, num_kernels: int) -> int:
+    """The most bytes the window's tensors hold at once (the trace's memory model)."""
+    columns = SimpleNamespace(num_kernels=num_kernels, num_tensors=len(tensors["nbytes"]),
+                              born=np.asarray(tensors["born"], dtype=np.int64),
+                              freed=np.asarray(tensors["freed"], dtype=np.int64),
+                              nbytes=np.asarray(tensors["nbytes"], dtype=np.int64))
+    return int(live_bytes_per_kernel(columns).max(initial=0))
 
 
 def cycle_length(step_ops: list[int], step_backward: list[bool], longest: int) -> int | None:

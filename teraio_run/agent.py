@@ -3,7 +3,8 @@
 Note [When the plan is followed]
 Plan actions are keyed by kernel index, which only means something while the live op stream
 is the profiled one, so a guard checks every op against the trace's kernel at its index.
-- Learning: the plan carries the trace's op digest, not its per-kernel signatures. The first
+- Learning: the plan carries the trace's op digest (and structure digest, below), not its
+  per-kernel signatures. The first
   iteration whose digest and length match the plan's (iteration 1 of a job with AdamW, whose
   first step creates state) gives them: sha256 equality means it ran the traced ops, so its
   signatures are the trace's. Until then the job runs unplanned.
@@ -16,6 +17,17 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   made for another job).
 - Resuming: at the next iteration start the plan is armed again; the offloads of periods that
   wrap around the boundary, skipped while paused, are caught up then.
+- Shapes that vary: when the plan carries the trace's structure digest (traces written since
+  it exists), the signatures learned and compared are structural (teraio/walk.py
+  op_structure: op name, outputs' count, dtypes and ranks, sizes aside), so an iteration
+  with another sequence length or a short last batch follows the plan: the same tensors
+  leave after the same kernels and come back before the same ones, only their sizes differ.
+  The profiler kept the largest iteration of the job's structure (Note [Shapes that vary] in
+  teraio_profile/recorder.py), so smaller ones hold less than the plan allowed for; a larger
+  one is kept within the cap by the budget keeper, as any unplanned stretch is. Another
+  structure (a different layer count, another control-flow path) still pauses the plan, and
+  the refusal below compares structures. A plan without the digest (older plans) keeps
+  exact matching: op name and output shapes.
 Unplanned stretches stay within budget by on-demand eviction of the least recently used
 tensors. Neither path can corrupt training: every op's inputs are made resident first
 (ensure_resident). Reads that bypass ATen (safetensors, numpy, DLPack) go through
@@ -35,7 +47,7 @@ from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind
 from teraio.units import format_bytes
-from teraio.walk import OOM_RETRIES, OpWalk, WalkListener, activate, cuda_allocated_bytes
+from teraio.walk import OOM_RETRIES, OpWalk, WalkListener, activate, cuda_allocated_bytes, op_structure
 from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
 
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
@@ -51,6 +63,10 @@ class RunAgent(WalkListener):
         self.cuda = device_type == "cuda"
         self.budget_bytes = budget_bytes
         self.walk = OpWalk(self, device_type, plan.header.trace.steps_per_iteration)
+        # Note [When the plan is followed]: the digest the guard learns from, and its signatures
+        self.digest = plan.header.trace.structure_digest or plan.header.trace.op_digest
+        if plan.header.trace.structure_digest:
+            self.walk.signature_of = op_structure
         # the GPU capped and holding the copy streams (the bootstrap picked it from LOCAL_RANK)
         self.device_index = torch.cuda.current_device() if self.cuda else None
         self.offloads_after, self.prefetches_at = _index_actions(plan)
@@ -256,7 +272,7 @@ class RunAgent(WalkListener):
     def _learn(self, iteration: int, num_kernels: int) -> None:
         """The first iteration that ran the traced ops gives the per-kernel signatures."""
         digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
-        if digest == self.plan.header.trace.op_digest and num_kernels == self.num_kernels:
+        if digest == self.digest and num_kernels == self.num_kernels:
             self.expected = self.signatures
         elif iteration == self.plan.header.trace.steady_from_iteration:
             self._refuse(digest, num_kernels)
@@ -311,8 +327,9 @@ class RunAgent(WalkListener):
     def _refuse(self, digest: str, num_kernels: int) -> None:
         """The iteration that was profiled does not match: the plan was made for another job."""
         ref = self.plan.header.trace
-        reason = (f"this job's iterations (op digest {digest}, {num_kernels} kernels) do not match the plan's "
-                  f"trace ({ref.op_digest}, {ref.num_kernels} kernels): re-profile and re-plan this job")
+        which = "op structure" if ref.structure_digest else "op digest"
+        reason = (f"this job's iterations ({which} {digest}, {num_kernels} kernels) do not match the plan's "
+                  f"trace ({self.digest}, {ref.num_kernels} kernels): re-profile and re-plan this job")
         if self.strict:
             raise PlanMismatchError(reason)
         self._trip(reason)

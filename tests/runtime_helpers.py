@@ -36,7 +36,7 @@ def _header(trace: Trace, budget_bytes: int, pool_bytes: int) -> PlanHeader:
         producer=Producer(teraio=__version__),
         trace=TraceRef(op_digest=h.op_digest, num_kernels=h.num_kernels, rank=h.rank,
                        world_size=h.world_size, device=h.device.name,
-                       steady_from_iteration=h.warmup_iterations),
+                       steady_from_iteration=h.warmup_iterations, structure_digest=h.structure_digest),
         inputs=PlannerInputs(budget_bytes=budget_bytes, num_ssds=1, ssd_read_gbps=1.0, ssd_write_gbps=1.0,
                              host_mem_bytes=pool_bytes, host_gbps=1.0, pcie_gbps=1.0, headroom_bytes=0,
                              latency_us=0.0),

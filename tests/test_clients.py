@@ -97,9 +97,10 @@ def test_evaluation_passes_pause_the_plan_which_resumes_and_training_stays_ident
 @pytest.mark.parametrize("variant", ["--lora", "--grad-ckpt", "--dynamic", "--autocast"])
 def test_peft_checkpointing_dynamic_padding_and_autocast_train_identically(tmp_path, variant):
     """peft LoRA on a frozen base, transformers' gradient checkpointing, a sequence length
-    per batch (profiled at the longest: the plan pauses on the shorter ones), bf16 autocast:
-    each bit for bit like its plain run."""
-    plan = profile_and_plan(tmp_path, "hf_llama.py", "--steps", 6, *([variant] if variant != "--dynamic" else []))
+    per batch (profiled over several iterations, the largest kept; every length follows the
+    plan: tests/test_varying_shapes.py), bf16 autocast: each bit for bit like its plain run."""
+    steps = 10 if variant == "--dynamic" else 6  # a varying job compares iterations (Note [Shapes that vary])
+    plan = profile_and_plan(tmp_path, "hf_llama.py", "--steps", steps, variant)
     plain = tmp_path / "plain"
     plain.mkdir()
     run_plain(plain, "hf_llama.py", "--steps", 7, variant, "--losses-out", "l.json", "--save-pretrained", "sp")

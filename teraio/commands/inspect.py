@@ -114,10 +114,12 @@ def _report_stats(path):
 
 def _print_report(path, out: Console) -> None:
     from teraio.formats.report import load_report
+    from teraio.summary import plan_following
     from teraio.views import print_report
 
     report = load_report(path)
     print_report(report, out, title=str(path))
+    out.print("  " + plan_following(report))
     out.print(_iteration_table(report.per_iteration))
 
 
@@ -129,14 +131,15 @@ def _iteration_table(rows, head: int = 3, tail: int = 9) -> Table:
     table = Table("iter", "plan", "time", "stall", "evict", "walk", "ops", "copy", "out", "spill", "pool",
                   box=box.SIMPLE, pad_edge=False, title=f"Iterations{which}: times in ms, sizes in GiB",
                   title_justify="left", caption_justify="left",
-                  caption="walk: host time in the walk and agent; ops: inside PyTorch's ops; copy: time the copies "
+                  caption="plan: followed, kNNN: paused at kernel NNN, no: unplanned; walk: host time in the walk and agent; ops: inside PyTorch's ops; copy: time the copies "
                           "kept their paths busy; out: moved off the device; spill: put on the other tier, the "
                           "host pool being full; pool: the most the host pool held")
     for row in (rows[:head] + [None] + rows[-tail:] if skipped else rows):
         if row is None:
             table.add_row("...", *[""] * 10)
             continue
-        table.add_row(str(row.iteration), "yes" if row.followed_plan else "no",
+        plan = "yes" if row.followed_plan else f"k{row.paused_at_kernel}" if row.paused_at_kernel >= 0 else "no"
+        table.add_row(str(row.iteration), plan,
                       *(f"{v:.0f}" for v in (row.ms, row.stall_ms)), str(row.evictions),
                       *(f"{v:.0f}" for v in (row.walk_ms, row.op_launch_ms, row.copy_busy_ms)),
                       *(f"{n / 2**30:.2f}" for n in (row.offloaded_bytes, row.other_tier_bytes, row.host_pool_peak_bytes)))

@@ -39,6 +39,8 @@ class TraceRef(Strict):
     device: str
     steady_from_iteration: int = Field(1, description="the profiled iteration: the job is steady from here on")
     steps_per_iteration: int = Field(1, ge=1, description="optimizer steps per iteration, counted from the job's first")
+    structure_digest: str = Field("", description="the trace's structure digest: iterations with this op "
+                                  "structure follow the plan whatever their sizes; \"\" (older plans): exact shapes")
 
 
 class PlannerInputs(Strict):

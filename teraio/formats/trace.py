@@ -13,7 +13,7 @@ Lifetimes, per tensor, in kernel indices of the recorded iteration (N kernels):
   [born, N) and [0, freed - N) in steady state.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Literal
@@ -77,6 +77,11 @@ class TraceHeader(Strict):
     # boundary] in teraio/walk.py): 2 for a loop that steps two optimizers. Traces written
     # before the field existed had one step per iteration.
     steps_per_iteration: int = Field(1, ge=1)
+    # sha256 of the per-kernel structural signatures (teraio/walk.py op_structure), and how
+    # many iterations the profiler compared to pick the recorded one (Note [Which iteration
+    # is recorded] in teraio_profile/recorder.py). Older traces have neither: "" and 1.
+    structure_digest: str = ""
+    compared_iterations: int = Field(1, ge=1)
 
 
 class KernelTable(Strict):
@@ -88,6 +93,7 @@ class KernelTable(Strict):
     duration_us: list[float]
     device_bytes: list[int]
     signature: list[int]
+    structure: list[int] = Field(default_factory=list)   # empty in traces written before it
 
 
 class TensorTable(Strict):
@@ -134,6 +140,9 @@ class Trace:
     freed: np.ndarray            # int64, -1 for global
     use_offsets: np.ndarray      # int64, len num_tensors + 1
     use_kernels: np.ndarray      # int64, sorted within each tensor
+    # uint32 per kernel, op name + output dtypes and ranks (teraio/walk.py op_structure);
+    # empty in traces written before it
+    structure: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
 
     @property
     def num_kernels(self) -> int:
@@ -178,6 +187,7 @@ def _columns_to_trace(header: TraceHeader, kernels: dict, tensors: dict) -> Trac
         duration_us=np.asarray(kernels["duration_us"], dtype=np.float64),
         device_bytes=np.asarray(kernels["device_bytes"], dtype=np.int64),
         signature=np.asarray(kernels["signature"], dtype=np.uint32),
+        structure=np.asarray(kernels.get("structure", []), dtype=np.uint32),
         tensor_id=list(tensors["id"]),
         tensor_name=list(tensors["name"]),
         kind=np.asarray(tensors["kind"], dtype=np.int8),
@@ -197,7 +207,7 @@ def _check_shapes(trace: Trace, num_k: int, num_t: int) -> None:
     kernel_cols = (trace.kernel_op, trace.kernel_phase, trace.duration_us, trace.device_bytes, trace.signature)
     tensor_cols = (trace.tensor_id, trace.tensor_name, trace.kind, trace.nbytes, trace.dtype,
                    trace.shape, trace.born, trace.freed)
-    if any(len(c) != num_k for c in kernel_cols):
+    if any(len(c) != num_k for c in kernel_cols) or len(trace.structure) not in (0, num_k):
         raise ValueError("kernel columns disagree with header.num_kernels")
     if any(len(c) != num_t for c in tensor_cols) or len(trace.use_offsets) != num_t + 1:
         raise ValueError("tensor columns disagree with header.num_tensors")
@@ -216,7 +226,7 @@ def trace_to_file(trace: Trace) -> TraceFile:
         kernels=KernelTable(
             op_names=trace.op_names, op=trace.kernel_op.tolist(), phase=trace.kernel_phase.tolist(),
             duration_us=trace.duration_us.tolist(), device_bytes=trace.device_bytes.tolist(),
-            signature=trace.signature.tolist(),
+            signature=trace.signature.tolist(), structure=trace.structure.tolist(),
         ),
         tensors=TensorTable(
             id=trace.tensor_id, name=trace.tensor_name, kind=trace.kind.tolist(),

@@ -1,6 +1,7 @@
 """A plain transformers training loop, as users write it: a tiny LlamaForCausalLM, AdamW,
-optionally dynamic padding (another sequence length per batch), then the usual ways a job
-writes its result. It never imports teraio.
+optionally dynamic padding (another sequence length per batch) and gradient accumulation
+(--accum N micro-batches per optimizer step, each with its own length), then the usual ways
+a job writes its result. It never imports teraio.
 
     python hf_llama.py --steps 6 --losses-out l.json --save-pretrained out/ --safetensors-out w.safetensors
 """
@@ -20,11 +21,15 @@ def build(seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def batches(steps: int, batch: int, seq: int, dynamic: bool):
+def batches(steps: int, batch: int, seq: int, dynamic: bool, accum: int = 1):
+    """Per step, its `accum` micro-batches."""
     g = torch.Generator().manual_seed(1)
     for step in range(steps):
-        length = seq - 8 * (step % 3) if dynamic else seq  # dynamic padding: the batch's own length
-        yield torch.randint(0, 256, (batch, length), generator=g)
+        micro = []
+        for m in range(step * accum, (step + 1) * accum):
+            length = seq - 8 * (m % 3) if dynamic else seq  # dynamic padding: the batch's own length
+            micro.append(torch.randint(0, 256, (batch, length), generator=g))
+        yield micro
 
 
 def main():
@@ -33,6 +38,7 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--dynamic", action="store_true", help="vary the sequence length per batch")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
     p.add_argument("--losses-out")
     p.add_argument("--save-pretrained", help="model.save_pretrained(DIR) after training (safetensors)")
     p.add_argument("--safetensors-out", help="safetensors.torch.save_file of the parameters")
@@ -56,14 +62,18 @@ def main():
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.autocast)
     losses = []
-    for step, ids in enumerate(batches(args.steps, args.batch, args.seq, args.dynamic)):
-        ids = ids.to(args.device)
-        with autocast:
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+    for step, micro in enumerate(batches(args.steps, args.batch, args.seq, args.dynamic, args.accum)):
+        for ids in micro:
+            ids = ids.to(args.device)
+            with autocast:
+                loss = model(input_ids=ids, labels=ids).loss
+            (loss / args.accum if args.accum > 1 else loss).backward()
+            if args.accum > 1:
+                losses.append(loss.item())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        if args.accum == 1:
+            losses.append(loss.item())
         if args.eval_every and (step + 1) % args.eval_every == 0:
             with torch.no_grad():
                 losses.append(model(input_ids=ids[:, :16], labels=ids[:, :16]).loss.item())

@@ -1,0 +1,63 @@
+"""A job whose batch shapes vary follows its plan (Note [Shapes that vary] in
+teraio_profile/recorder.py, Note [When the plan is followed] in teraio_run/agent.py).
+
+The client is an HF Llama loop with dynamic padding and gradient accumulation: every
+micro-batch has its own sequence length (32, 24, 16, cycling), two per optimizer step, so no
+two iterations in a row have the same shapes. Profiled, the trace is the largest iteration
+of the job's op structure; planned at half its traced peak (by the planner, and by every
+idle period through both tiers), the run follows the plan in most iterations, trains bit for
+bit like the plain run and stays within the budget.
+"""
+
+import json
+
+import pytest
+
+from teraio.formats.plan import save_plan
+from teraio.formats.trace import live_bytes_per_kernel, load_trace
+from cli_helpers import ok, teraio
+from runtime_helpers import every_period_plan
+from test_clients import CLIENTS, run_plain, run_planned
+
+ARGS = ("--dynamic", "--accum", 2)
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    work = tmp_path_factory.mktemp("varying")
+    proc = ok(teraio("profile", "-o", work / "t.msgpack", "--", "python", CLIENTS / "hf_llama.py",
+                     "--steps", STEPS, *ARGS, cwd=work))
+    run_plain(work, "hf_llama.py", "--steps", STEPS, *ARGS, "--losses-out", "plain.json")
+    return work, proc.stderr
+
+
+def test_profile_keeps_the_largest_iteration_of_the_common_structure_and_says_so(profiled):
+    work, stderr = profiled
+    trace = load_trace(work / "t.msgpack")
+    assert trace.header.structure_digest and trace.header.compared_iterations >= 3
+    line = next(line for line in stderr.splitlines() if "shapes vary" in line)
+    assert "compared 3 iterations" in line and "the largest" in line
+
+
+@pytest.mark.parametrize("planner", ["teraio-plan", "every-period"])
+def test_varying_shapes_follow_the_plan_bit_identically_within_budget(profiled, tmp_path, planner):
+    work, _ = profiled
+    trace = load_trace(work / "t.msgpack")
+    budget = int(live_bytes_per_kernel(trace).max()) // 2
+    plan = tmp_path / "plan.json"
+    if planner == "teraio-plan":
+        ok(teraio("plan", work / "t.msgpack", "--gpu-mem", budget, "--ssds", 1, "--host-mem", budget // 2,
+                  "-o", plan, cwd=tmp_path))
+    else:
+        save_plan(every_period_plan(trace, budget), plan)
+    _, report = run_planned(tmp_path, plan, "hf_llama.py", "--steps", STEPS, *ARGS, "--losses-out", "l.json")
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((work / "plain.json").read_text())
+    after_warmup = report.per_iteration[2:]
+    on_plan = sum(row.followed_plan for row in after_warmup)
+    assert on_plan >= 0.75 * len(after_warmup), report.pause_reason or report.guard_reason
+    assert report.peak_device_bytes <= report.budget_bytes == budget
+    assert sum(report.offloaded_bytes.values()) > 0
+    # `teraio inspect` says how many iterations followed the plan and why the others did not
+    view = ok(teraio("inspect", tmp_path / "run.json", cwd=tmp_path)).stdout
+    assert f"plan followed in {report.iterations_on_plan} of {len(report.per_iteration)} iterations" in view
