@@ -279,6 +279,18 @@ class _StreamMark:
         return self.event.query()
 
 
+class _UntilWaited:
+    """A collective without a Work whose caller waits for it: _collective_waited replaces
+    this with a mark on its stream at the next op."""
+
+    @staticmethod
+    def is_completed() -> bool:
+        return False
+
+
+_UNTIL_WAITED = _UntilWaited()
+
+
 def _work_of(out):
     """The c10d Work a collective returned (alone or last in a tuple), or None."""
     last = out[-1] if isinstance(out, tuple) and out else out
@@ -529,13 +541,16 @@ class OpWalk(TorchDispatchMode):
         Work it returned has completed (StorageRecord.in_collective), or, called with
         async_op=False, until the next op (its caller waits for it first: on CUDA the compute
         stream waits, and our copies wait for the compute stream); after a collective without
-        a Work, for good. Communication buffers (DDP's buckets, FSDP2's all-gather
+        a Work that its caller does not wait for, for good. Communication buffers (DDP's buckets, FSDP2's all-gather
         and reduce-scatter inputs) are reused or read by communication threads where no
         dispatch mode runs: nobody owns them, so they become kind `other` and never move.
         What the model or optimizer owns moves again once the collective has completed: FSDP2's
         gradients are views of a reduce-scatter's output, owned (named) right after it."""
         owned = self.owners.by_key
         self._in_collective = [r for r in self._in_collective if r.in_collective()]
+        # No Work to ask (NCCL's under torch 2.11 does not unbox), but the caller waits: held
+        # until the next op marks its stream (FSDP2's reduce-scatters on CUDA: its gradients).
+        work = work if work is not None or not waited else _UNTIL_WAITED
         for record in records:
             record.collective = work
             if work is None:
@@ -544,7 +559,7 @@ class OpWalk(TorchDispatchMode):
                 self._in_collective.append(record)
             if work is None or record.key not in owned:
                 record.kind = Kind.other
-        if waited and work is not None:
+        if waited:
             self._waited = records
             self._waited_on = torch.cuda.current_stream() if self.device_type == "cuda" else None
 
