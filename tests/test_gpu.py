@@ -83,6 +83,22 @@ def test_save_pretrained_after_training_under_a_plan_on_cuda(tmp_path):
     assert report.iterations_on_plan >= 3 and report.plan_pauses == 1
 
 
+def test_fsdp2_moves_gradients_on_cuda(tmp_path):
+    """NCCL's reduce-scatter returns a Work that torch 2.11 does not unbox: FSDP2's gradients
+    were then pinned for good (traced as `other`, never planned). One rank is enough to see it."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", EXAMPLE, "--fsdp2", *ARGS)
+    run(*torchrun, "--losses-out", tmp_path / "plain.json", cwd=tmp_path)
+    run("-m", "teraio", "profile", "-o", tmp_path / "t.msgpack", "--", sys.executable, *torchrun, cwd=tmp_path)
+    trace = load_trace(tmp_path / "t.msgpack")
+    save_plan(every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2), tmp_path / "plan.json")
+    run("-m", "teraio", "run", "--plan", tmp_path / "plan.json", "--gpu-mem", "8GiB", "--report", tmp_path / "run.json",
+        "--ssd-dir", tmp_path / "ssd", "--", sys.executable, *torchrun, "--losses-out", tmp_path / "run_losses.json",
+        cwd=tmp_path)
+    assert losses(tmp_path / "run_losses.json") == losses(tmp_path / "plain.json")
+    moved = load_report(tmp_path / "run.json").offloaded_bytes_by_kind
+    assert {"parameter", "gradient", "optimizer_state"} <= {kind for kind, nbytes in moved.items() if nbytes > 0}
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_each_rank_is_capped_and_copies_on_its_own_gpu(tmp_path, monkeypatch):
     """torchrun starts every worker on cuda:0 and the script moves to its GPU later: rank 1 must
