@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from teraio.errors import UsageError
@@ -10,11 +9,8 @@ from teraio.formats.plan import Plan, load_plan
 from teraio.launch import resolve_command, run_command
 from teraio.settings import Settings, rank_path
 from teraio.units import format_bytes
+from teraio_run.layout import DEFAULT_SWAP_DIR, STRIPE_MIN_BYTES
 
-# The launcher must not import torch (seconds): these two mirror teraio_run/tiers.py's
-# STRIPE_MIN_BYTES and teraio_run/setup.py's default swap folder.
-STRIPE_MIN_BYTES = 4 << 20
-DEFAULT_SWAP_DIR = Path(tempfile.gettempdir()) / "teraio-swap"
 
 # Tensors leave and come back all the time, in sizes that fragment a segmented pool, and the
 # cap counts reserved memory: growable segments keep reserved close to allocated.

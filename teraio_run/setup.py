@@ -4,7 +4,6 @@ import atexit
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from teraio.formats.plan import Plan, load_plan
 from teraio.settings import Settings, rank_path
 from teraio.units import format_bytes
 from teraio_run.engine import MigrationEngine
+from teraio_run.layout import DEFAULT_SWAP_DIR
 from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
 
 IO_THREADS = 8
@@ -67,7 +67,7 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     if cuda:
         _cap_device_memory(settings.gpu_mem_bytes or budget)
     threads = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="teraio-io")
-    ssd_dirs = settings.ssd_dirs or [str(Path(tempfile.gettempdir()) / "teraio-swap")]
+    ssd_dirs = settings.ssd_dirs or [str(DEFAULT_SWAP_DIR)]
     run_dirs = make_run_dirs(ssd_dirs, settings.rank)
     files = choose_files(settings.io_backend, cuda)
     # The pool is what the user allowed (--host-mem), not just what the plan uses: unplanned

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-STRIPE_MIN_BYTES = 4 << 20   # smaller tensors go to one SSD: striping them only adds requests
+from teraio_run.layout import STRIPE_MIN_BYTES
+
 POOL_ALIGN_BYTES = 512
 
 

@@ -9,7 +9,10 @@ compares what both wrote.
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +44,6 @@ def run_planned(tmp_path, plan: Path, script: str, *args):
 
 
 def run_plain(tmp_path, script: str, *args) -> None:
-    import os
-    import subprocess
-    import sys
-
     subprocess.run([sys.executable, str(CLIENTS / script), *map(str, args)], cwd=tmp_path, check=True,
                    capture_output=True, env=dict(os.environ, **CPU_ENV))
 
