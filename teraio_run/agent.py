@@ -29,7 +29,7 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   the refusal below compares structures. A plan without the digest (older plans) keeps
   exact matching: op name and output shapes.
 Unplanned stretches stay within budget by on-demand eviction of the least recently used
-tensors. Neither path can corrupt training: every op's inputs are made resident first
+tensors (teraio_run/budget.py). Neither path can corrupt training: every op's inputs are made resident first
 (ensure_resident). Reads that bypass ATen (safetensors, numpy, DLPack) go through
 `resident()` and `pin_for_raw_read()` (teraio/raw_access.py).
 """
@@ -37,7 +37,6 @@ tensors. Neither path can corrupt training: every op's inputs are made resident 
 import hashlib
 import sys
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -47,11 +46,10 @@ from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind
 from teraio.units import format_bytes
-from teraio.walk import OOM_RETRIES, OpWalk, WalkListener, activate, cuda_allocated_bytes, op_structure
-from teraio_run.engine import MOVABLE_KINDS, MigrationEngine
+from teraio.walk import OpWalk, WalkListener, activate, op_structure
+from teraio_run.budget import BudgetKeeper
+from teraio_run.engine import MigrationEngine
 
-EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
-                      # room for the next op's outputs (on CUDA the cap is hard)
 
 
 class RunAgent(WalkListener):
@@ -63,6 +61,7 @@ class RunAgent(WalkListener):
         self.cuda = device_type == "cuda"
         self.budget_bytes = budget_bytes
         self.walk = OpWalk(self, device_type, plan.header.trace.steps_per_iteration)
+        self.keeper = BudgetKeeper(engine, self.walk, budget_bytes, self.cuda)
         # Note [When the plan is followed]: the digest the guard learns from, and its signatures
         self.digest = plan.header.trace.structure_digest or plan.header.trace.op_digest
         if plan.header.trace.structure_digest:
@@ -74,11 +73,8 @@ class RunAgent(WalkListener):
         self.following = False
         self.expected: list[int] | None = None   # the trace's signature per kernel, once learned
         self.paused_at = -1                      # kernel where this iteration left the plan
-        self.holds = 0                           # open resident() blocks: nothing leaves the device
         self.by_id = {}
         self.signatures: list[int] = []          # this iteration's, until `expected` is learned
-        self.tick = 0
-        self.last_use: dict[int, int] = {}   # storage key -> tick of its last use
         self.iteration_s: list[float] = []
         self._t_iter = time.perf_counter()
         self.iterations_on_plan = 0
@@ -86,11 +82,8 @@ class RunAgent(WalkListener):
         self.guard_reason = ""
         self.plan_pauses = 0
         self.pause_reason = ""   # the first one, for the report
-        self.peak_bytes = 0
-        self._ddp = None   # whether the model is wrapped in DDP, known at the first gradient
         self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
         self.per_iteration: list[dict] = []
-        self._grew = False  # a prefetch or restore since the last budget check
         self._last_totals: dict = {}
 
     @property
@@ -99,31 +92,9 @@ class RunAgent(WalkListener):
 
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
-        engine = self.engine
-        if engine.copying_out or engine.releasing or engine.in_flight:
-            engine.poll(self.walk.records)
-        if engine.moved:
-            self._restore_inputs(inputs)
+        self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
         if self.following:
             self._start_prefetches(k)
-        self.tick += 1
-        for record in inputs:
-            self.last_use[record.key] = self.tick
-
-    def _restore_inputs(self, inputs) -> None:
-        cause = "late_prefetch" if self.following else "unplanned"
-        for record in inputs:
-            if record.key not in self.engine.moved:
-                continue
-            self._grew = True
-            for attempt in range(OOM_RETRIES + 1):
-                try:
-                    self.engine.ensure_resident(record, cause)
-                    break
-                except torch.OutOfMemoryError:  # this op needs it: relieve as for an op, retry
-                    if attempt == OOM_RETRIES:
-                        raise
-                    self.relieve_memory(inputs, attempt)
 
     def _start_prefetches(self, k: int) -> None:
         for entry in self.prefetches_at.get(k, ()):
@@ -131,120 +102,30 @@ class RunAgent(WalkListener):
             if record is None:
                 self.counts["plan_ids_missing"] += 1
                 continue
-            self._grew = True
+            self.keeper.grew = True
             try:
                 self.engine.prefetch(record)
             except torch.OutOfMemoryError:
                 self.engine.stats.skipped += 1  # no room yet: it comes back when an op needs it
-
-    def _movable(self, record, kind: Kind) -> bool:
-        """Whether a storage may leave the device, `kind` being what the trace (for a plan
-        action) or the walk (for an eviction) says it is. The walk learns that a storage is
-        a gradient only at the optimizer step, after its offload was due: for plan actions
-        the trace's kind is the one to trust.
-
-        Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
-        into .grad from its communication threads, where no dispatch mode runs, so a
-        gradient we had released would be written through a dangling pointer. Under DDP
-        gradients stay on the device; everything else still moves.
-
-        Under FSDP2 every kind moves: parameter shards, gradients and optimizer state are
-        DTensors whose local shards the walk names (Note [Tensor subclasses]); a collective's
-        tensors wait until it has completed (Note [Collective buffers]); only the parameters
-        FSDP2 all-gathers, whose storages it frees and re-allocates itself, are pinned
-        (Note [FSDP2 unsharded parameters], all in teraio/walk.py)."""
-        if record.pinned or kind not in MOVABLE_KINDS or record.in_collective():
-            return False
-        if kind == Kind.gradient and self._ddp is None:
-            self._ddp = self.walk.wrapped_in_ddp()
-        return not (kind == Kind.gradient and self._ddp)
 
     def after_op(self, k, func, inputs, new, signature):
         if self.expected is None:
             self.signatures.append(signature)
         for record in new:
             self.by_id[record.id] = record
-            self.last_use[record.key] = self.tick
         if self.following and (k >= self.num_kernels or signature != self.expected[k]):
             self._pause(k, func)
-        if self.following and not self.holds:
+        if self.following and not self.keeper.holds:
             for entry in self.offloads_after.get(k, ()):
                 record = self.by_id.get(entry.tensor)
                 if record is None:
                     self.counts["plan_ids_missing"] += 1
-                elif self._movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
+                elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
                     self.counts["planned_offloads"] += 1
-        if new or self._grew:  # else resident memory cannot have grown since the last check
-            self._grew = False
-            self._keep_budget(inputs + new)
+        self.keeper.after_op(inputs, new)
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
-        """Note [Out of memory]: the cap counts memory the allocator reserves, which is more
-        than what tensors hold (blocks still read by a copy, fragments), so an op can fail
-        while our count is within budget. Relieve it in stages, cheapest first: (0) wait for
-        the copies in flight and return cached segments; (1) also evict down to the eviction
-        target; (2+) evict down to half the budget. Each stage lets the op retry once."""
-        self.engine.stats.oom_retries += 1
-        t0 = time.perf_counter()
-        with _disable_current_modes():
-            self.engine.wait_offloads(self.walk.records)
-            self.engine.wait_freeing()
-            if attempt >= 1:
-                target = int(self.budget_bytes * (EVICT_TARGET if attempt == 1 else 0.5))
-                self._evict(self.resident_bytes(), {r.key for r in inputs}, target=target)
-                self.engine.wait_freeing()  # the allocator reuses those blocks only after the copies
-            if self.cuda:
-                torch.cuda.empty_cache()
-        self.engine.stats.stall("out_of_memory", "(out of memory)", time.perf_counter() - t0)
-        return True
-
-    # ----- memory ---------------------------------------------------------------------------
-    def resident_bytes(self) -> int:
-        if self.cuda:
-            # The allocator stops counting a block as allocated when it is freed, also one a
-            # side-stream copy still reads (record_stream); until that copy is done the block
-            # still counts against the cap (Note [Out of memory]).
-            return cuda_allocated_bytes()
-        # Straight to the C check: StorageWeakRef.expired() goes through two Python layers,
-        # and this sum runs after most ops of a CPU rehearsal.
-        expired = torch.UntypedStorage._expired
-        live = sum(r.nbytes for r in self.walk.records.values() if not expired(r.ref.cdata))
-        return live - self.engine.offloaded_now
-
-    def _keep_budget(self, in_use) -> None:
-        resident = self.resident_bytes()
-        if resident > self.budget_bytes > 0 and self.engine.copying_out:
-            resident = self._wait_for_offloads()
-        if resident > self.budget_bytes > 0 and not self.holds:
-            resident = self._evict(resident, {r.key for r in in_use})
-        self.peak_bytes = max(self.peak_bytes, resident)
-
-    def _wait_for_offloads(self) -> int:
-        """Over budget while planned copies are still going out: they are what the plan
-        counted on, so wait for them before evicting anything it did not plan."""
-        t0 = time.perf_counter()
-        self.engine.wait_offloads(self.walk.records)
-        self.engine.stats.stall("memory_short", "(waiting for offloads)", time.perf_counter() - t0)
-        return self.resident_bytes()
-
-    def _evict(self, resident: int, protected: set, target: int | None = None) -> int:
-        """Belady needs the future; in an unplanned stretch we only know the past, so evict
-        the least recently used movable tensors, synchronously (counted as a stall)."""
-        t0 = time.perf_counter()
-        target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
-        candidates = [r for r in self.walk.records.values()
-                      if r.key not in protected and r.key not in self.engine.moved
-                      and not r.ref.expired() and self._movable(r, r.kind)]
-        candidates.sort(key=lambda r: self.last_use.get(r.key, 0))
-        for record in candidates:
-            if resident <= target:
-                break
-            if self.engine.offload(record, "host"):
-                self.engine.stats.evictions += 1
-                resident -= record.nbytes
-        self.engine.wait_offloads(self.walk.records)
-        self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
-        return self.resident_bytes()
+        return self.keeper.relieve_memory(inputs, attempt)
 
     # ----- iteration boundary ---------------------------------------------------------------
     def on_iteration_end(self, iteration, num_kernels):
@@ -288,7 +169,7 @@ class RunAgent(WalkListener):
                 # only those whose prefetch falls in the coming iteration
                 in_next = entry.wraps and entry.prefetch_at < entry.offload_after
                 record = self.by_id.get(entry.tensor) if in_next else None
-                if record is not None and self._movable(record, Kind[entry.kind]):
+                if record is not None and self.keeper.movable(record, Kind[entry.kind]):
                     self.engine.offload(record, entry.tier)
 
     def _host_pool_peak(self) -> int:
@@ -318,10 +199,7 @@ class RunAgent(WalkListener):
         self.counts = dict.fromkeys(self.counts, 0)
 
     def _tidy(self) -> None:
-        dead = self.walk.forget_expired()
-        self.engine.forget_dead([r.key for r in dead])
-        for record in dead:
-            self.last_use.pop(record.key, None)
+        self.keeper.forget(self.walk.forget_expired())
         self.by_id = {r.id: r for r in self.walk.records.values()}
 
     def _refuse(self, digest: str, num_kernels: int) -> None:
@@ -368,28 +246,12 @@ class RunAgent(WalkListener):
             print(f"teraio: warning: {reason}; the plan is paused until an iteration matches again "
                   "(training stays correct)", file=sys.stderr)
 
-    @contextmanager
     def resident(self):
-        """Every tensor on the device, and none leaving, until the block ends: for code that
-        reads memory without an ATen op (a checkpoint writer). It needs the whole working set
-        to fit the device; the budget is checked again after the block."""
-        self.holds += 1
-        try:
-            with _disable_current_modes():
-                self.engine.restore_all(self.walk.records)
-            yield
-        finally:
-            self.holds -= 1
+        """`teraio.resident()`: every tensor on the device until the block ends (BudgetKeeper.resident)."""
+        return self.keeper.resident()
 
     def pin_for_raw_read(self, tensor) -> None:
-        """A raw pointer to this storage leaves PyTorch (Tensor.numpy, DLPack) and may be read
-        at any later time: bring it back and never move it again."""
-        record = self.walk.records.get(tensor.untyped_storage()._cdata)
-        if record is None:
-            return
-        with _disable_current_modes():
-            self.engine.ensure_resident(record, "raw_read")
-        record.pinned = True
+        self.keeper.pin_for_raw_read(tensor)
 
 
 def _index_actions(plan: Plan):

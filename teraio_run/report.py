@@ -76,7 +76,7 @@ def _top(by_tensor: dict, count: int) -> dict:
 
 
 def _peak_bytes(agent) -> int:
-    return torch.cuda.max_memory_allocated() if agent.cuda else int(agent.peak_bytes)
+    return torch.cuda.max_memory_allocated() if agent.cuda else int(agent.keeper.peak_bytes)
 
 
 def finish(agent, context) -> None:

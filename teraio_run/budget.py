@@ -1,0 +1,191 @@
+"""Keeping the device within its budget: inputs back before each op, eviction on demand.
+
+The budget keeper is what keeps a job exact and within its cap whether or not a plan is being
+followed: it makes every op's inputs resident (the engine's one invariant), and when memory
+grows past the budget it evicts the least recently used movable tensors. The runtime uses it
+under a plan (teraio_run/agent.py) and the profiler uses it alone to profile a job that does
+not fit its device (teraio_run/capped_profile.py).
+"""
+
+import time
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from teraio.formats.trace import Kind
+from teraio.walk import OOM_RETRIES, cuda_allocated_bytes
+from teraio_run.engine import MOVABLE_KINDS
+
+EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
+                      # room for the next op's outputs (on CUDA the cap is hard)
+
+
+class BudgetKeeper:
+    def __init__(self, engine, walk, budget_bytes: int, cuda: bool):
+        self.engine = engine
+        self.walk = walk
+        self.budget_bytes = budget_bytes
+        self.cuda = cuda
+        self.holds = 0                       # open resident() blocks: nothing leaves the device
+        self.tick = 0
+        self.last_use: dict[int, int] = {}   # storage key -> tick of its last use
+        self.peak_bytes = 0
+        self.grew = False                    # a prefetch or restore since the last budget check
+        self._ddp = None                     # whether the model is wrapped in DDP, known at the first gradient
+
+    # ----- per op ---------------------------------------------------------------------------
+    def restore_inputs(self, inputs, cause: str) -> bool:
+        """Before an op: every input resident (polling the copies in flight first). True when
+        one had to come back, i.e. the op waited for data."""
+        engine = self.engine
+        if engine.copying_out or engine.releasing or engine.in_flight:
+            engine.poll(self.walk.records)
+        waited = False
+        if engine.moved:
+            for record in inputs:
+                if record.key in engine.moved:
+                    waited = True
+                    self._restore(record, inputs, cause)
+        self.tick += 1
+        for record in inputs:
+            self.last_use[record.key] = self.tick
+        self.grew = self.grew or waited
+        return waited
+
+    def _restore(self, record, inputs, cause: str) -> None:
+        for attempt in range(OOM_RETRIES + 1):
+            try:
+                self.engine.ensure_resident(record, cause)
+                return
+            except torch.OutOfMemoryError:  # this op needs it: relieve as for an op, retry
+                if attempt == OOM_RETRIES:
+                    raise
+                self.relieve_memory(inputs, attempt)
+
+    def after_op(self, inputs, new) -> None:
+        for record in new:
+            self.last_use[record.key] = self.tick
+        if new or self.grew:  # else resident memory cannot have grown since the last check
+            self.grew = False
+            self._keep_budget(inputs + new)
+
+    def movable(self, record, kind: Kind) -> bool:
+        """Whether a storage may leave the device, `kind` being what the trace (for a plan
+        action) or the walk (for an eviction) says it is. The walk learns that a storage is
+        a gradient only at the optimizer step, after its offload was due: for plan actions
+        the trace's kind is the one to trust.
+
+        Note [DDP gradients]: DistributedDataParallel's reducer copies reduced buckets back
+        into .grad from its communication threads, where no dispatch mode runs, so a
+        gradient we had released would be written through a dangling pointer. Under DDP
+        gradients stay on the device; everything else still moves.
+
+        Under FSDP2 every kind moves: parameter shards, gradients and optimizer state are
+        DTensors whose local shards the walk names (Note [Tensor subclasses]); a collective's
+        tensors wait until it has completed (Note [Collective buffers]); only the parameters
+        FSDP2 all-gathers, whose storages it frees and re-allocates itself, are pinned
+        (Note [FSDP2 unsharded parameters], all in teraio/walk.py)."""
+        if record.pinned or kind not in MOVABLE_KINDS or record.in_collective():
+            return False
+        if kind == Kind.gradient and self._ddp is None:
+            self._ddp = self.walk.wrapped_in_ddp()
+        return not (kind == Kind.gradient and self._ddp)
+
+    def relieve_memory(self, inputs, attempt: int = 0) -> bool:
+        """Note [Out of memory]: the cap counts memory the allocator reserves, which is more
+        than what tensors hold (blocks still read by a copy, fragments), so an op can fail
+        while our count is within budget. Relieve it in stages, cheapest first: (0) wait for
+        the copies in flight and return cached segments; (1) also evict down to the eviction
+        target; (2+) evict down to half the budget. Each stage lets the op retry once."""
+        self.engine.stats.oom_retries += 1
+        t0 = time.perf_counter()
+        with _disable_current_modes():
+            self.engine.wait_offloads(self.walk.records)
+            self.engine.wait_freeing()
+            if attempt >= 1:
+                target = int(self.budget_bytes * (EVICT_TARGET if attempt == 1 else 0.5))
+                self._evict(self.resident_bytes(), {r.key for r in inputs}, target=target)
+                self.engine.wait_freeing()  # the allocator reuses those blocks only after the copies
+            if self.cuda:
+                torch.cuda.empty_cache()
+        self.engine.stats.stall("out_of_memory", "(out of memory)", time.perf_counter() - t0)
+        return True
+
+    # ----- memory ---------------------------------------------------------------------------
+    def resident_bytes(self) -> int:
+        if self.cuda:
+            # The allocator stops counting a block as allocated when it is freed, also one a
+            # side-stream copy still reads (record_stream); until that copy is done the block
+            # still counts against the cap (Note [Out of memory]).
+            return cuda_allocated_bytes()
+        # Straight to the C check: StorageWeakRef.expired() goes through two Python layers,
+        # and this sum runs after most ops of a CPU rehearsal.
+        expired = torch.UntypedStorage._expired
+        live = sum(r.nbytes for r in self.walk.records.values() if not expired(r.ref.cdata))
+        return live - self.engine.offloaded_now
+
+    def _keep_budget(self, in_use) -> None:
+        resident = self.resident_bytes()
+        if resident > self.budget_bytes > 0 and self.engine.copying_out:
+            resident = self._wait_for_offloads()
+        if resident > self.budget_bytes > 0 and not self.holds:
+            resident = self._evict(resident, {r.key for r in in_use})
+        self.peak_bytes = max(self.peak_bytes, resident)
+
+    def _wait_for_offloads(self) -> int:
+        """Over budget while planned copies are still going out: they are what the plan
+        counted on, so wait for them before evicting anything it did not plan."""
+        t0 = time.perf_counter()
+        self.engine.wait_offloads(self.walk.records)
+        self.engine.stats.stall("memory_short", "(waiting for offloads)", time.perf_counter() - t0)
+        return self.resident_bytes()
+
+    def _evict(self, resident: int, protected: set, target: int | None = None) -> int:
+        """Belady needs the future; in an unplanned stretch we only know the past, so evict
+        the least recently used movable tensors, synchronously (counted as a stall)."""
+        t0 = time.perf_counter()
+        target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
+        candidates = [r for r in self.walk.records.values()
+                      if r.key not in protected and r.key not in self.engine.moved
+                      and not r.ref.expired() and self.movable(r, r.kind)]
+        candidates.sort(key=lambda r: self.last_use.get(r.key, 0))
+        for record in candidates:
+            if resident <= target:
+                break
+            if self.engine.offload(record, "host"):
+                self.engine.stats.evictions += 1
+                resident -= record.nbytes
+        self.engine.wait_offloads(self.walk.records)
+        self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
+        return self.resident_bytes()
+
+    def forget(self, dead) -> None:
+        """Storages freed by the job (records the walk dropped)."""
+        self.engine.forget_dead([r.key for r in dead])
+        for record in dead:
+            self.last_use.pop(record.key, None)
+
+    # ----- raw reads ------------------------------------------------------------------------
+    @contextmanager
+    def resident(self):
+        """Every tensor on the device, and none leaving, until the block ends: for code that
+        reads memory without an ATen op (a checkpoint writer). It needs the whole working set
+        to fit the device; the budget is checked again after the block."""
+        self.holds += 1
+        try:
+            with _disable_current_modes():
+                self.engine.restore_all(self.walk.records)
+            yield
+        finally:
+            self.holds -= 1
+
+    def pin_for_raw_read(self, tensor) -> None:
+        """A raw pointer to this storage leaves PyTorch (Tensor.numpy, DLPack) and may be read
+        at any later time: bring it back and never move it again."""
+        record = self.walk.records.get(tensor.untyped_storage()._cdata)
+        if record is None:
+            return
+        with _disable_current_modes():
+            self.engine.ensure_resident(record, "raw_read")
+        record.pinned = True
