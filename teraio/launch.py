@@ -130,3 +130,15 @@ class _SignalForwarder:
             os.killpg(self.proc.pid, signum)
         except ProcessLookupError:
             pass  # the whole group has exited already
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None: nothing to check against."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
+    return None

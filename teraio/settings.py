@@ -27,12 +27,14 @@ class Settings:
     run_to_completion: bool = False      # keep training after the profile is written
     steps_per_iteration: int = 0         # optimizer steps per iteration (0 = find the cycle)
     step_timeout_s: int = 300            # stop a job with no optimizer step this long after its first op (0 = never)
+    host_mem_bytes: int = 0              # host pool when profiling under a cap (gpu_mem_bytes)
+    # run, and profile under a cap
+    gpu_mem_bytes: int = 0               # device memory cap (run: 0 = the plan's budget, on CUDA; profile: 0 = none)
+    ssd_dirs: list[str] = field(default_factory=list)
+    io_backend: str = "auto"             # "auto", "kvikio" or "posix"
     # run
     plan: str = ""                       # plan file (per-rank: path with .rankN inserted)
-    ssd_dirs: list[str] = field(default_factory=list)
     report: str = ""                     # run report path ("" = no file, summary only)
-    gpu_mem_bytes: int = 0               # device memory cap (0 = the plan's budget, on CUDA)
-    io_backend: str = "auto"             # "auto", "kvikio" or "posix"
     # set by torchrun, not by us
     rank: int = 0
     world_size: int = 1

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import threading
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ import torch
 from teraio import __version__
 from teraio.formats.common import Producer
 from teraio.formats.trace import (
-    DeviceInfo, KernelTable, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
+    DeviceInfo, KernelTable, ProfileCap, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
     live_bytes_per_kernel, save_trace,
 )
 from teraio.walk import OpWalk, WalkListener, activate, deactivate, op_signatures
@@ -33,7 +34,11 @@ NO_STEP_EXIT_CODE = 124   # what `timeout` exits with
 
 
 class ProfileAgent(WalkListener):
-    def __init__(self, settings: Settings):
+    """`keeper`, when the job is profiled under a cap, is the runtime's budget keeper (Note
+    [Profiling under a cap] in teraio_run/capped_profile.py), built by the bootstrap from the
+    walk: it makes inputs resident before the clock starts and evicts after it stops."""
+
+    def __init__(self, settings: Settings, make_keeper=None):
         self.settings = settings
         self.device_type = settings.device_type()
         self.recorder = TraceRecorder(self.device_type, settings.warmup, settings.iterations,
@@ -41,17 +46,36 @@ class ProfileAgent(WalkListener):
         self.walk = OpWalk(self, self.device_type, settings.steps_per_iteration or 1)
         self.walk.signature_of = op_signatures   # exact and structural (Note [Shapes that vary])
         self.recorder.walk = self.walk
+        self.keeper = make_keeper(settings, self.walk) if make_keeper else None
+        if self.keeper is not None:
+            self.recorder.released_bytes = self.keeper.released_bytes
+            self.recorder.rescale_kernel_times = False  # warm-up iterations include the waits
         self.written = None
         self._watchdog: threading.Timer | bool = False   # Note [No step]; False until the first op
 
     # The agent is the walk's listener and forwards to the recorder, so it can act at the end.
     def before_op(self, k, func, inputs):
+        if self.keeper is not None:
+            self.recorder.op_waited = self.keeper.before_op(inputs)
         self.recorder.before_op(k, func, inputs)
 
     def after_op(self, k, func, inputs, new, signature):
         if self._watchdog is False and (inputs or new):  # the first op that touched the device
             self._watchdog = self._start_watchdog()
         self.recorder.after_op(k, func, inputs, new, signature)
+        if self.keeper is not None:
+            self.keeper.after_op(inputs, new)
+
+    def relieve_memory(self, inputs, attempt):
+        return self.keeper is not None and self.keeper.relieve_memory(inputs, attempt)
+
+    def resident(self):
+        """`teraio.resident()` while profiling: a no-op unless tensors are moved out (a cap)."""
+        return self.keeper.resident() if self.keeper is not None else nullcontext()
+
+    def pin_for_raw_read(self, tensor) -> None:
+        if self.keeper is not None:
+            self.keeper.pin_for_raw_read(tensor)
 
     def on_step_end(self):
         self.recorder.on_step_end()
@@ -86,7 +110,8 @@ class ProfileAgent(WalkListener):
         if self.recorder.finished and self.written is None:
             self.written = self.write()
             if not self.settings.run_to_completion:
-                deactivate(self.walk)
+                if self.keeper is None:  # else tensors are out: the walk must bring them back
+                    deactivate(self.walk)
                 raise SystemExit(0)  # the profile is complete: end the script cleanly
 
     def write(self) -> str:
@@ -98,6 +123,9 @@ class ProfileAgent(WalkListener):
                   "--warmup if the job settles later)", file=sys.stderr)
         if rec.choice:
             print(f"teraio: {rec.choice}", file=sys.stderr)
+        if self.keeper is not None:
+            print(f"teraio: {self.keeper.summary()}; {rec.waited_kernels} of the recorded iteration's "
+                  f"{rec.kernels_in_window} kernels waited for data (their times exclude the wait)", file=sys.stderr)
         kernels = rec.kernel_columns()
         tensors = rec.tensor_columns()
         header = self._header(kernels, tensors)
@@ -122,7 +150,14 @@ class ProfileAgent(WalkListener):
             kernel_time_scale=round(rec.time_scale, 4),
             gradients_stay_on_device=self.walk.wrapped_in_ddp(),
             timing="cuda_events" if self.device_type == "cuda" else "monotonic_clock",
+            profiled_under_cap=self._cap(),
         )
+
+    def _cap(self) -> ProfileCap | None:
+        if self.keeper is None:
+            return None
+        return ProfileCap(device_bytes=self.keeper.cap_bytes, host_pool_bytes=self.keeper.host_pool_bytes,
+                          waited_kernels=self.recorder.waited_kernels)
 
     def _device_info(self) -> DeviceInfo:
         if self.device_type != "cuda":
@@ -157,10 +192,10 @@ class ProfileAgent(WalkListener):
         return True
 
 
-def start(settings: Settings) -> ProfileAgent:
+def start(settings: Settings, make_keeper=None) -> ProfileAgent:
     import atexit
 
-    agent = ProfileAgent(settings)
+    agent = ProfileAgent(settings, make_keeper)
     activate(agent.walk)
     atexit.register(agent.write_status)
     return agent

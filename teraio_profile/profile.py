@@ -4,18 +4,33 @@ import json
 import os
 import signal
 import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from teraio.errors import JobStopped, ScriptError, UsageError
-from teraio.launch import resolve_command, run_command
+from teraio.launch import mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings
+from teraio.units import format_bytes
+
+
+@dataclass
+class Cap:
+    """Profile under a device memory cap (Note [Profiling under a cap] in teraio_run/capped_profile.py):
+    evicted tensors go to a host pool of host_mem_bytes (None: half the memory available),
+    then to swap files in ssd_dirs (none: the temp folder)."""
+
+    gpu_mem_bytes: int = 0               # 0: no cap, the job runs as it is
+    host_mem_bytes: int | None = None
+    ssd_dirs: list[str] = field(default_factory=list)
+    io_backend: str = "auto"
 
 
 def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int,
             run_to_completion: bool = False, device: str = "auto", steps_per_iteration: int = 0,
-            step_timeout_s: int = 300) -> list[Path]:
+            step_timeout_s: int = 300, cap: Cap | None = None) -> list[Path]:
     """Profile the job; returns the trace paths written (one per rank). steps_per_iteration
     0 finds the cycle of optimizer steps; step_timeout_s 0 waits for the first step forever."""
+    cap = _checked_cap(cap or Cap())
     if warmup < 0 or iterations < 1:
         raise UsageError("--warmup must be 0 or more and --iterations at least 1")
     if steps_per_iteration < 0 or step_timeout_s < 0:
@@ -27,7 +42,9 @@ def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int
         settings = Settings(mode="profile", device=device, command=list(argv), status_dir=status_dir,
                             trace_out=str(trace_out), warmup=warmup, iterations=iterations,
                             run_to_completion=run_to_completion, steps_per_iteration=steps_per_iteration,
-                            step_timeout_s=step_timeout_s)
+                            step_timeout_s=step_timeout_s, gpu_mem_bytes=cap.gpu_mem_bytes,
+                            host_mem_bytes=cap.host_mem_bytes or 0, io_backend=cap.io_backend,
+                            ssd_dirs=[str(Path(d).resolve()) for d in cap.ssd_dirs])
         job = run_command(command, settings)
         statuses = _read_statuses(Path(status_dir))
     if job.forwarded is not None and job.status != 0:
@@ -35,6 +52,26 @@ def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int
         raise JobStopped(f"stopped by {signal.Signals(job.forwarded).name}: the job exited with {job.status}{written}",
                          job.status)
     return _traces_or_error(argv, job.status, statuses, warmup + iterations)
+
+
+def _checked_cap(cap: Cap) -> Cap:
+    """The cap with its host pool decided, or a usage error before anything starts."""
+    if not cap.gpu_mem_bytes:
+        if cap.host_mem_bytes or cap.ssd_dirs:
+            raise UsageError("--host-mem and --ssd-dir only apply to a profile under a cap: give --gpu-mem too")
+        return cap
+    available_bytes = mem_available_bytes()
+    host_mem_bytes = cap.host_mem_bytes
+    if host_mem_bytes is None:
+        host_mem_bytes = (available_bytes or 0) // 2
+    elif available_bytes is not None and host_mem_bytes > available_bytes:
+        raise UsageError(f"--host-mem {format_bytes(host_mem_bytes)} is more than the {format_bytes(available_bytes)} "
+                         "of memory this machine has available: give a smaller --host-mem")
+    for ssd_dir in cap.ssd_dirs:
+        path = Path(ssd_dir)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--ssd-dir {ssd_dir} is a file: give a folder on the SSD")
+    return replace(cap, host_mem_bytes=host_mem_bytes)
 
 
 def _check_writable(path: Path) -> None:

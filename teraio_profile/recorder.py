@@ -156,6 +156,10 @@ class TraceRecorder(WalkListener):
         self.cycle_counts: Counter = Counter()       # Note [Which iteration is recorded]
         self.rerecorded = 0
         self.kept: dict | None = None                # the candidate written (Note [Shapes that vary])
+        # Note [Profiling under a cap] (teraio_run/capped_profile.py), set by the agent
+        self.released_bytes = lambda: 0              # device bytes moved out now
+        self.rescale_kernel_times = True             # Note [Kernel time under the profiler]
+        self.op_waited = False                       # the current op waited for an input to come back
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -169,6 +173,7 @@ class TraceRecorder(WalkListener):
         self.device_bytes: list[int] = []
         self.iteration_ms: list[float] = []
         self.kernels_in_window = 0
+        self.waited_kernels = 0                  # the window's ops that waited for data
 
     @property
     def recording(self) -> bool:
@@ -214,8 +219,9 @@ class TraceRecorder(WalkListener):
     def _record_window_op(self, k, func, inputs, new):
         self.window_ops.append(func.overloadpacket.__name__)
         self.window_phase.append(int(self.walk.phase()))
-        if self.device_type == "cuda":
-            self.device_bytes.append(cuda_allocated_bytes())
+        self.waited_kernels += self.op_waited
+        if self.device_type == "cuda":  # what the job would hold uncapped (Note [Profiling under a cap])
+            self.device_bytes.append(cuda_allocated_bytes() + self.released_bytes())
         for record in inputs + new:
             life = self.lives.get(record.key)
             if life is None:
@@ -344,7 +350,8 @@ class TraceRecorder(WalkListener):
             "peak_bytes": _peak_traced_bytes(tensors, self.kernels_in_window),
             "kernels": kernels, "tensors": tensors, "steps_before_window": self.steps_before_window,
             "kernels_in_window": self.kernels_in_window, "iteration_ms": self.iteration_ms[:1],
-            "time_scale": self.time_scale, "signatures": self.signatures[:1]})
+            "time_scale": self.time_scale, "signatures": self.signatures[:1],
+            "waited_kernels": self.waited_kernels})
         if len(self.candidates) < self.candidates_wanted:
             self._reset_window()
             self.window, self.steps_before_window = iteration + 1, len(self.step_hashes)
@@ -355,7 +362,8 @@ class TraceRecorder(WalkListener):
         common = self.cycle_counts.most_common(1)[0][0]
         alike = [c for c in self.candidates if c["structure"] == common] or self.candidates
         kept = max(alike, key=lambda c: (c["peak_bytes"], -c["window"]))
-        for name in ("steps_before_window", "kernels_in_window", "iteration_ms", "time_scale", "signatures"):
+        for name in ("steps_before_window", "kernels_in_window", "iteration_ms", "time_scale", "signatures",
+                     "waited_kernels"):
             setattr(self, name, kept[name])
         self.kept = kept
         others = ", ".join(f"{c['window']}: {c['peak_bytes'] / 2**20:.1f}" for c in self.candidates if c is not kept)
@@ -387,7 +395,7 @@ class TraceRecorder(WalkListener):
         iteration 0, which makes optimizer state) was timed, scale kernel times down so that
         they add up to it, spreading the idle time over kernels in proportion."""
         warm_ms = self.warm_iteration_ms()
-        if not self.clock.cuda or not warm_ms or event_sum_ms <= 0:
+        if not self.clock.cuda or not warm_ms or event_sum_ms <= 0 or not self.rescale_kernel_times:
             return 1.0
         return min(1.0, min(warm_ms) / event_sum_ms)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from teraio.errors import UsageError
 from teraio.formats.plan import Plan, load_plan
-from teraio.launch import resolve_command, run_command
+from teraio.launch import mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings, rank_path
 from teraio.units import format_bytes
 from teraio_run.layout import DEFAULT_SWAP_DIR, STRIPE_MIN_BYTES
@@ -118,15 +118,3 @@ def _check_host_memory(plans: list[Plan]) -> None:
 def host_pool_bytes(plan: Plan) -> int:
     """What build_agent allocates (teraio_run/setup.py): the plan's pool or the user's cap."""
     return max(plan.header.prediction.host_pool_bytes, plan.header.inputs.host_mem_bytes)
-
-
-def mem_available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), else None: nothing to check against."""
-    try:
-        lines = Path("/proc/meminfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
-    return None

@@ -26,7 +26,7 @@ PIN_NOTICE_BYTES = 8 << 30  # say so before pinning a pool this large: it takes 
 @dataclass
 class RunContext:
     settings: Settings
-    plan_path: Path
+    plan_path: Path | None   # None when the profiler keeps the budget alone
     run_dirs: list
     io_backend: str
     threads: ThreadPoolExecutor
@@ -65,15 +65,23 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     cuda = device_type == "cuda"
     budget = plan.header.inputs.budget_bytes
     if cuda:
-        _cap_device_memory(settings.gpu_mem_bytes or budget)
-    threads = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="teraio-io")
-    ssd_dirs = settings.ssd_dirs or [str(DEFAULT_SWAP_DIR)]
-    run_dirs = make_run_dirs(ssd_dirs, settings.rank)
-    files = choose_files(settings.io_backend, cuda)
+        cap_device_memory(settings.gpu_mem_bytes or budget)
     # The pool is what the user allowed (--host-mem), not just what the plan uses: unplanned
     # stretches (iteration 0, drift) evict into it at PCIe speed instead of SSD speed.
     inputs = plan.header.inputs
     pool_bytes = max(plan.header.prediction.host_pool_bytes, inputs.host_mem_bytes)
+    engine, context = build_engine(settings, pool_bytes, cuda)
+    context.plan_path = plan_path
+    agent = RunAgent(plan, engine, device_type, budget, strict=settings.strict)
+    return agent, context
+
+
+def build_engine(settings: Settings, pool_bytes: int, cuda: bool) -> tuple[MigrationEngine, RunContext]:
+    """The migration engine over a host pool of pool_bytes and this rank's swap folders."""
+    threads = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="teraio-io")
+    ssd_dirs = settings.ssd_dirs or [str(DEFAULT_SWAP_DIR)]
+    run_dirs = make_run_dirs(ssd_dirs, settings.rank)
+    files = choose_files(settings.io_backend, cuda)
     if cuda and pool_bytes >= PIN_NOTICE_BYTES:
         print(f"teraio: page-locking the {format_bytes(pool_bytes)} host pool (about 3 GB/s: 24 s for 72 GiB "
               "on the H200 machine)...", file=sys.stderr)
@@ -81,11 +89,10 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path):
     pool = HostPool(pool_bytes, pin=cuda)
     pool_pin_s = time.perf_counter() - t0
     engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda)
-    agent = RunAgent(plan, engine, device_type, budget, strict=settings.strict)
-    return agent, RunContext(settings, plan_path, run_dirs, files.name, threads, pool.capacity, pool_pin_s)
+    return engine, RunContext(settings, None, run_dirs, files.name, threads, pool.capacity, pool_pin_s)
 
 
-def _cap_device_memory(cap_bytes: int) -> None:
+def cap_device_memory(cap_bytes: int) -> None:
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total))
 

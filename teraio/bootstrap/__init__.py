@@ -64,7 +64,10 @@ def start(settings: Settings):
     use_local_rank_gpu(settings)
     if settings.mode == "profile":
         from teraio_profile.agent import start as start_profile
-        return start_profile(settings)
+        make_keeper = None
+        if settings.gpu_mem_bytes:  # the bootstrap joins the two stages (Note [Profiling under a cap])
+            from teraio_run.capped_profile import start_capped as make_keeper
+        return start_profile(settings, make_keeper)
     if settings.mode == "run":
         from teraio_run.agent import start as start_run
         return start_run(settings)

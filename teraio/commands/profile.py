@@ -3,7 +3,8 @@
 import click
 from rich.console import Console
 
-from teraio_profile.profile import profile
+from teraio.commands.options import SIZE
+from teraio_profile.profile import Cap, profile
 
 console = Console(highlight=False)
 
@@ -21,8 +22,18 @@ console = Console(highlight=False)
               help="Optimizer steps per iteration (e.g. 2 for a loop that steps two optimizers); 0 finds the cycle.")
 @click.option("--step-timeout", "step_timeout_s", type=click.IntRange(min=0), default=300, show_default=True,
               help="Seconds after the job's first op to wait for an optimizer step before stopping it; 0 = no limit.")
+@click.option("--gpu-mem", "gpu_mem_bytes", type=SIZE, default="0",
+              help="Profile a job that does not fit: cap device memory to this size, evicting tensors on demand "
+                   "(0 = run uncapped).")
+@click.option("--host-mem", "host_mem_bytes", type=SIZE, default=None,
+              help="With --gpu-mem: host pool for evicted tensors [default: half the memory available].")
+@click.option("--ssd-dir", "ssd_dirs", multiple=True,
+              help="With --gpu-mem: folder for swap files once the pool is full; repeat per SSD (default: the temp folder).")
+@click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
+              help="With --gpu-mem: swap file I/O.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_iteration, step_timeout_s, command):
+def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_iteration, step_timeout_s,
+            gpu_mem_bytes, host_mem_bytes, ssd_dirs, io_backend, command):
     """Run a training script and record one steady-state iteration.
 
     \b
@@ -35,10 +46,17 @@ def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_
     Examples:
       teraio profile train.py --lr 3e-4
       teraio profile -o llama.msgpack --warmup 2 --iterations 3 -- torchrun --nproc-per-node 2 train.py
+      teraio profile --gpu-mem 24GiB --host-mem 64GiB --ssd-dir /nvme0/tio -- python train.py
+    \b
+    With --gpu-mem the job runs within the cap, its idle tensors evicted to host
+    memory and swap files as they are needed; the trace still records what the
+    job needs uncapped (sizes, lifetimes, memory), and kernel times without the
+    waits for data. Plan it as any trace.
     """
     from teraio.commands.inspect import print_trace_summary  # rich view shared with inspect
 
+    cap = Cap(gpu_mem_bytes, host_mem_bytes, list(ssd_dirs), io_backend)
     paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device,
-                    steps_per_iteration, step_timeout_s)
+                    steps_per_iteration, step_timeout_s, cap)
     for path in paths:
         print_trace_summary(path, console)

@@ -52,6 +52,15 @@ class DeviceInfo(Strict):
     capacity_bytes: int | None = None
 
 
+class ProfileCap(Strict):
+    """How a trace profiled under a cap was made (Note [Profiling under a cap] in
+    teraio_run/capped_profile.py): its memory model is still the uncapped demand."""
+
+    device_bytes: int = Field(gt=0)       # --gpu-mem
+    host_pool_bytes: int = Field(ge=0)    # where evicted tensors went first (--host-mem)
+    waited_kernels: int = Field(ge=0)     # kernels of the recorded iteration whose inputs had to come back
+
+
 class TraceHeader(Strict):
     format: Literal["teraio-trace"] = TRACE_FORMAT
     schema_version: int = TRACE_SCHEMA_VERSION
@@ -82,6 +91,7 @@ class TraceHeader(Strict):
     # is recorded] in teraio_profile/recorder.py). Older traces have neither: "" and 1.
     structure_digest: str = ""
     compared_iterations: int = Field(1, ge=1)
+    profiled_under_cap: ProfileCap | None = None   # None: the job ran uncapped
 
 
 class KernelTable(Strict):
@@ -161,9 +171,30 @@ class Trace:
     def op_name(self, k: int) -> str:
         return self.op_names[self.kernel_op[k]]
 
+    def columns_unlike(self, other: "Trace") -> list[str]:
+        """Columns that say what the job does (ops, tensors, sizes, lifetimes, uses) in which the
+        two traces differ; measured ones (kernel times, allocator bytes) aside. Empty: the same job."""
+        unlike = []
+        for name in JOB_COLUMNS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if isinstance(mine, np.ndarray):
+                same = mine.shape == theirs.shape and bool(np.array_equal(mine, theirs))
+            else:
+                same = mine == theirs
+            if not same:
+                unlike.append(name)
+        return unlike
+
+
+JOB_COLUMNS = ("op_names", "kernel_op", "kernel_phase", "signature", "structure", "tensor_id", "tensor_name",
+               "kind", "nbytes", "dtype", "shape", "born", "freed", "use_offsets", "use_kernels")
+
 
 def save_trace(trace_file: TraceFile, path: str | Path) -> None:
-    data = msgpack.packb(trace_file.model_dump(mode="python"), use_bin_type=True)
+    raw = trace_file.model_dump(mode="python")
+    if raw["header"]["profiled_under_cap"] is None:  # absent, as in traces written before it existed
+        del raw["header"]["profiled_under_cap"]
+    data = msgpack.packb(raw, use_bin_type=True)
     atomic_write_bytes(path, data)
 
 

@@ -63,8 +63,9 @@ def _start_agent() -> None:
 _chain_load_next_sitecustomize()
 if os.environ.get("TERAIO_MODE"):
     sys.meta_path.insert(0, _AfterTorchImport())
-if os.environ.get("TERAIO_MODE") == "run":
-    # Before the job imports anything: savers that read raw memory are wrapped as they load.
+if os.environ.get("TERAIO_MODE") == "run" or os.environ.get("TERAIO_GPU_MEM_BYTES", "0") != "0":
+    # Before the job imports anything: savers that read raw memory are wrapped as they load
+    # (a run, or a profile under a cap: both move tensors out).
     try:
         from teraio.raw_access import install as _wrap_raw_readers
         _wrap_raw_readers()

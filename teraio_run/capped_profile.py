@@ -1,0 +1,91 @@
+"""Profiling a job that does not fit its device: the runtime's budget keeper without a plan.
+
+Note [Profiling under a cap]
+`teraio profile --gpu-mem SIZE` runs the job as `teraio run` runs an unplanned stretch:
+before each op its inputs are brought back, and after an op that took memory past the cap
+the least recently used movable tensors go to the host pool (--host-mem), and to swap files
+(--ssd-dir) once it is full. On CUDA the cap is the allocator's, as for `teraio run`. What the
+trace records does not depend on where a tensor is: names, kinds, sizes, births, deaths and
+uses come from the walk, and an evicted storage is resized, not freed, so it neither dies nor
+is born again (the CPU tests compare a capped trace with an uncapped one column by column).
+What does depend on it is made to not:
+- kernel times: the profiler's clock starts after this keeper has made the inputs resident
+  (on CUDA the start event is queued after the copy's stream wait, so it fires once the data
+  is in) and stops before anything is evicted; the trace counts the kernels that waited.
+  Copies running beside a kernel can still slow it a little (they share HBM and the host
+  link); the warm-up rescaling of kernel times is not applied, since warm-up iterations
+  include the waits (Note [Kernel time under the profiler] in teraio_profile/recorder.py);
+- the memory model: the allocator's bytes after each kernel plus the bytes this keeper has
+  moved out, i.e. what the job would hold uncapped, which is what the planner must see.
+The trace header names the cap (profiled_under_cap) so that nobody reads its timings as an
+uncapped run's. Storages the walk cannot move (kind `other`: communication buffers,
+backward intermediates with no owner) still have to fit: an op that runs out of memory
+anyway fails as it would without teraio.
+
+The profiler is a stage of its own and never imports the runtime: the bootstrap builds this
+keeper and hands it to the profile agent (teraio/bootstrap/__init__.py).
+"""
+
+import atexit
+import sys
+
+from teraio.settings import Settings
+from teraio.units import format_bytes
+from teraio_run.budget import BudgetKeeper
+from teraio_run.setup import build_engine, cap_device_memory, remove_run_dirs
+
+
+class CappedProfile:
+    """Keeps a profiled job within --gpu-mem; the profile agent calls it around each op."""
+
+    def __init__(self, settings: Settings, walk):
+        self.cuda = walk.device_type == "cuda"
+        self.cap_bytes = settings.gpu_mem_bytes
+        if self.cuda:
+            cap_device_memory(self.cap_bytes)
+        self.engine, self.context = build_engine(settings, settings.host_mem_bytes, self.cuda)
+        self.keeper = BudgetKeeper(self.engine, walk, self.cap_bytes, self.cuda)
+        atexit.register(self.close)
+
+    @property
+    def host_pool_bytes(self) -> int:
+        return self.context.pool_bytes
+
+    def before_op(self, inputs) -> bool:
+        """True when the op had to wait for one of its inputs to come back."""
+        return self.keeper.restore_inputs(inputs, "unplanned")
+
+    def after_op(self, inputs, new) -> None:
+        self.keeper.after_op(inputs, new)
+
+    def relieve_memory(self, inputs, attempt: int) -> bool:
+        return self.keeper.relieve_memory(inputs, attempt)
+
+    def released_bytes(self) -> int:
+        """Device bytes moved out now: added to the allocator's count for the memory model."""
+        return self.engine.offloaded_now
+
+    def resident(self):
+        return self.keeper.resident()
+
+    def pin_for_raw_read(self, tensor) -> None:
+        self.keeper.pin_for_raw_read(tensor)
+
+    def summary(self) -> str:
+        stats = self.engine.stats
+        return (f"profiled under a {format_bytes(self.cap_bytes)} cap: {stats.evictions} evictions, "
+                f"{format_bytes(stats.offloaded_bytes['host'])} to the host pool "
+                f"({format_bytes(self.host_pool_bytes)}), {format_bytes(stats.offloaded_bytes['ssd'])} to swap files, "
+                f"{sum(stats.stall_ms.values()) / 1e3:.1f} s waiting for memory")
+
+    def close(self) -> None:
+        self.context.threads.shutdown(wait=True)
+        remove_run_dirs(self.context)
+
+
+def start_capped(settings: Settings, walk) -> CappedProfile:
+    keeper = CappedProfile(settings, walk)
+    print(f"teraio: profiling under a {format_bytes(keeper.cap_bytes)} cap on {walk.device_type}, host pool "
+          f"{format_bytes(keeper.host_pool_bytes)}, swap files in {len(keeper.context.run_dirs)} folder(s)",
+          file=sys.stderr)
+    return keeper
