@@ -4,10 +4,12 @@ This is not the planner (teraio_plan decides what is worth moving); it exercises
 on the most migration a trace allows, alternating host and SSD tiers, to test correctness.
 """
 
+from pathlib import Path
+
 from teraio import __version__
 from teraio.formats.common import Producer
-from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef
-from teraio.formats.trace import Kind, Trace
+from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef, save_plan
+from teraio.formats.trace import Kind, Trace, live_bytes_per_kernel, load_trace
 
 MOVABLE = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
 
@@ -45,3 +47,29 @@ def _header(trace: Trace, budget_bytes: int, pool_bytes: int) -> PlanHeader:
                               max_excess_bytes=0, ssd_write_bytes_per_iteration=0, host_pool_bytes=pool_bytes,
                               offload_bytes_by_tier={}),
     )
+
+
+def plan_at_half_peak(trace_path: Path, planner: str, work: Path) -> tuple[Path, int]:
+    """A plan for half the trace's peak, made by `teraio plan` ("teraio-plan") or by
+    every_period_plan ("every-period"); returns its path and budget."""
+    from cli_helpers import ok, teraio
+
+    trace = load_trace(trace_path)
+    budget = int(live_bytes_per_kernel(trace).max()) // 2
+    plan = work / "plan.json"
+    if planner == "teraio-plan":
+        ok(teraio("plan", trace_path, "--gpu-mem", budget, "--ssds", 1, "--host-mem", budget // 2, "-o", plan,
+                  cwd=work))
+    else:
+        save_plan(every_period_plan(trace, budget), plan)
+    return plan, budget
+
+
+def assert_mostly_on_plan_within_budget(report, budget: int) -> None:
+    """Iterations after the first two (optimizer state, the first planned one) follow the plan
+    at least 3 times in 4, the cap holds, and bytes did move."""
+    after_warmup = report.per_iteration[2:]
+    on_plan = sum(row.followed_plan for row in after_warmup)
+    assert on_plan >= 0.75 * len(after_warmup), report.pause_reason or report.guard_reason
+    assert report.peak_device_bytes <= report.budget_bytes == budget
+    assert sum(report.offloaded_bytes.values()) > 0

@@ -8,6 +8,7 @@ one big GPU. Launch with torchrun for DDP (gloo on CPU, nccl on CUDA).
     torchrun --nproc-per-node 2 examples/train_gpt.py
     torchrun --nproc-per-node 2 examples/train_gpt.py --fsdp2
     python examples/train_gpt.py --preset 1b --autocast bf16 --device cuda
+    python examples/train_gpt.py --preset 1b --min-seq 1024     # lengths vary in 1024-2048
 
 bench/ imports ModelConfig, build_model, SyntheticTokens, make_optimizer and make_scheduler.
 """
@@ -149,16 +150,28 @@ def count_params(cfg):
 
 class SyntheticTokens:
     """Learnable, deterministic batches: walks along a fixed random cycle of the vocabulary with
-    10% noise tokens, so next-token loss falls fast. Each rank draws its own stream."""
+    10% noise tokens, so next-token loss falls fast. Each rank draws its own stream.
 
-    def __init__(self, vocab, seq, batch, seed, rank=0):
+    With `min_seq`, each batch has its own length, uniform in [min_seq, seq] (dynamic padding to
+    a batch's longest sample). The lengths come from a generator of their own seeded by `seed`
+    alone: every rank and every rerun sees the same length at the same micro-step, and the
+    token stream of a run without `min_seq` is unchanged."""
+
+    def __init__(self, vocab, seq, batch, seed, rank=0, min_seq=None):
         self.order = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
         self.gen = torch.Generator().manual_seed(seed * 1009 + 1 + rank)
-        self.vocab, self.seq, self.batch = vocab, seq, batch
+        self.length_gen = torch.Generator().manual_seed(seed * 1009) if min_seq is not None else None
+        self.vocab, self.seq, self.batch, self.min_seq = vocab, seq, batch, min_seq
+
+    def next_length(self):
+        if self.length_gen is None:
+            return self.seq
+        return int(torch.randint(self.min_seq, self.seq + 1, (), generator=self.length_gen))
 
     def next(self, device):
+        seq = self.next_length()
         start = torch.randint(self.vocab, (self.batch, 1), generator=self.gen)
-        tokens = self.order[(start + torch.arange(self.seq + 1)) % self.vocab]
+        tokens = self.order[(start + torch.arange(seq + 1)) % self.vocab]
         noise = torch.rand(tokens.shape, generator=self.gen) < 0.1
         tokens = torch.where(noise, torch.randint(self.vocab, tokens.shape, generator=self.gen), tokens)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
@@ -191,6 +204,9 @@ def parse_args(argv=None):
     p.add_argument("--fsdp2", action="store_true",
                    help="under torchrun, shard with FSDP2 (fully_shard per layer and on the root) instead of DDP")
     p.add_argument("--accum", type=int, default=1, help="gradient accumulation micro-steps")
+    p.add_argument("--min-seq", type=int,
+                   help="vary each micro-batch's length uniformly in [MIN_SEQ, seq] (dynamic padding); "
+                        "by default every batch has the full --seq")
     p.add_argument("--clip", type=float, default=1.0, help="max grad norm (0 disables)")
     p.add_argument("--autocast", choices=["none", "bf16"], default="none")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -207,6 +223,8 @@ def parse_args(argv=None):
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.min_seq is not None and not 1 <= args.min_seq <= args.seq:
+        p.error(f"--min-seq must be between 1 and --seq ({args.seq}), got {args.min_seq}")
     return args
 
 
@@ -271,15 +289,17 @@ def main(argv=None):
     net = ddp or model
     optimizer = make_optimizer(model, args.lr, device)
     scheduler = make_scheduler(optimizer, args.steps, args.warmup)
-    data = SyntheticTokens(args.vocab, args.seq, args.batch, args.seed, rank)
+    data = SyntheticTokens(args.vocab, args.seq, args.batch, args.seed, rank, args.min_seq)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast == "bf16")
     losses, step_ms = [], []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=device)
+        tokens = 0  # this rank's; every rank has the same lengths
         for micro in range(args.accum):
             x, y = data.next(device)
+            tokens += x.numel()
             # DDP all-reduces gradients only on the last micro-step.
             sync = ddp is None or micro == args.accum - 1
             if args.fsdp2:  # FSDP2 reduce-scatters gradients only on the last micro-step
@@ -296,7 +316,7 @@ def main(argv=None):
         losses.append(total.item())  # .item() waits for the whole step, so the timing is honest
         step_ms.append((time.perf_counter() - t0) * 1e3)
         if rank == 0 and args.log_every > 0 and step % args.log_every == 0:
-            tok_s = args.batch * args.seq * args.accum * world / (step_ms[-1] / 1e3)
+            tok_s = tokens * world / (step_ms[-1] / 1e3)
             print(f"step {step} loss {losses[-1]:.4f} tok/s {tok_s:.0f}", flush=True)
         if step == args.checkpoint_at and (rank == 0 or args.fsdp2):
             checkpoint = {"step": step, "model": full_state(model, args.fsdp2), "optimizer": optimizer.state_dict()}
