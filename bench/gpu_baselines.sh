@@ -11,6 +11,9 @@
 #   IDEAL_PEAK=<bytes> bash bench/gpu_baselines.sh infinity    # ZeRO-Infinity alone at 2x (slow disk)
 #   IDEAL_PEAK=<bytes> HOST_MEM=<size> bash bench/gpu_baselines.sh teraio   # teraio_host/mixed/ssd at 2x, 4x
 #   MODEL_ARGS="--preset 3b --dtype bf16" bash bench/gpu_baselines.sh pair  # ideal, teraio_host, ZeRO-Offload+ckpt at 2x
+#   IDEAL_PEAK=<bytes> PROFILE_CAPS="1 2" bash bench/gpu_baselines.sh capped  # profiled under caps, planned and run at 2x
+#     (REF_TRACE=<uncapped trace> compares a later call's traces with an earlier one's)
+#   bash bench/gpu_baselines.sh big          # the ~8B model that does not fit: plain, profiled under a cap, 2 plans
 # CAPS="2 4" and TIERS="host mixed ssd" (teraio) pick the rows. GPU_TESTS=1 (teraio, pair)
 # first runs tests/test_gpu.py; PROFILE_RUN=1 (teraio) ends with a cProfile'd teraio_host run
 # at 2x ($OUT/cprofile_host_2x.txt: where the host time goes).
@@ -71,20 +74,21 @@ build_ops() {
 # ZeRO-Offload's host footprint (teraio_mixed gets the same); teraio_host gets HOST_ONLY_MEM.
 # SSD-only runs whose plan predicts more than SSD_MAX_STEP_S per step are written as skipped
 # with the prediction (one 1.5 GB/s disk).
+# The SSD rates are what teraio's swap files achieved through KvikIO compat mode on this
+# machine (report achieved_gbps, 2026-11-29: s2d 0.59-0.73, d2s 0.44-0.53 GB/s), not dd's.
+LINK=(--ssd-read-gbps ${SSD_READ_GBPS:-0.65} --ssd-write-gbps ${SSD_WRITE_GBPS:-0.5} --host-gbps ${HOST_GBPS:-37}
+      --pcie-gbps 55 --headroom ${HEADROOM:-1GiB})
+declare -A TIER_ARGS=([host]="--ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}"
+                      [mixed]="--ssds 1 --host-mem ${HOST_MEM:-48GiB}" [ssd]="--ssds 1 --host-mem 0")
+PLANS=/tmp/teraio-plans
 teraio_rows() {
     local peak=$1; shift
-    TRACE=/tmp/teraio-3b.msgpack PLANS=/tmp/teraio-plans
+    TRACE=/tmp/teraio-3b.msgpack
     mkdir -p $PLANS
     echo; echo "=== profile the ideal loop"
     timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || return 1
     python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats.json"
     cp $TRACE "$OUT/"   # for replanning here
-    # The SSD rates are what teraio's swap files achieved through KvikIO compat mode on this
-    # machine (report achieved_gbps, 2026-11-29: s2d 0.59-0.73, d2s 0.44-0.53 GB/s), not dd's.
-    LINK=(--ssd-read-gbps ${SSD_READ_GBPS:-0.65} --ssd-write-gbps ${SSD_WRITE_GBPS:-0.5} --host-gbps ${HOST_GBPS:-37}
-          --pcie-gbps 55 --headroom ${HEADROOM:-1GiB})
-    declare -A TIER_ARGS=([host]="--ssds 0 --host-mem ${HOST_ONLY_MEM:-96GiB}"
-                          [mixed]="--ssds 1 --host-mem ${HOST_MEM:-48GiB}" [ssd]="--ssds 1 --host-mem 0")
     local tier ratio
     for tier in "$@"; do
         read -r -a T <<< "${TIER_ARGS[$tier]}"
@@ -109,7 +113,28 @@ teraio_row() {
             --plan "$plan" --out "$RES" --skip "not run: its plan predicts ${step_s} s per step (one 1.5 GB/s disk)"
         return
     fi
-    run "teraio_$tier" 200 --gpu-mem "$cap" --label "$label" --plan "$plan"
+    run "teraio_$tier" ${TERAIO_RUN_S:-200} --gpu-mem "$cap" --label "$label" --plan "$plan"
+}
+# capped_rows PEAK: the ideal loop profiled under a cap of PEAK / each ratio in PROFILE_CAPS
+# (1 = uncapped), each trace compared with REF_TRACE (the uncapped one) column by column,
+# planned for the host tier at 1/2 of PEAK and run there: plans from capped traces must run
+# as fast as the plan from the uncapped one (Note [Profiling under a cap]).
+capped_rows() {
+    local peak=$1 ratio cap
+    mkdir -p $PLANS
+    read -r -a T <<< "${TIER_ARGS[host]}"
+    for ratio in ${PROFILE_CAPS:-1 2 4}; do
+        TRACE=$OUT/trace_cap$ratio.msgpack
+        cap=(); (( ratio > 1 )) && cap=(--profile-cap $((peak / ratio)) --profile-host-mem ${HOST_ONLY_MEM:-96GiB})
+        echo; echo "=== profile the ideal loop under 1/$ratio of $peak bytes (at $((SECONDS - START)) s)"
+        timeout 400 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE "${cap[@]}" \
+            || { echo "profile at 1/$ratio failed"; continue; }
+        REF_TRACE=${REF_TRACE:-$TRACE}
+        python3 -c "import sys; from teraio.formats.trace import load_trace as l; a, b = l(sys.argv[1]), l(sys.argv[2]); \
+print('trace at 1/$ratio vs', sys.argv[1], 'columns unlike:', b.columns_unlike(a), 'header:', b.header.profiled_under_cap)" \
+            "$REF_TRACE" "$TRACE" | tee -a "$OUT/trace_compare.txt"
+        teraio_row host $((peak / 2)) "cap 1/2 of ideal peak, trace profiled at 1/$ratio" "$PLANS/plan_from_${ratio}.json"
+    done
 }
 # One teraio_host run at 1/2 under cProfile (not a table row): where the host time goes.
 profile_host_run() {
@@ -130,6 +155,38 @@ if [[ $MODE == teraio ]]; then
     [[ -n ${GPU_TESTS:-} ]] && gpu_tests
     teraio_rows "$IDEAL_PEAK" ${TIERS:-host mixed ssd} || exit 1
     [[ -n ${PROFILE_RUN:-} ]] && profile_host_run "$IDEAL_PEAK"
+    echo "done at $((SECONDS - START)) s"
+    exit 0
+fi
+
+if [[ $MODE == capped ]]; then
+    [[ -z ${IDEAL_PEAK:-} ]] && { echo "capped mode needs IDEAL_PEAK (bytes, from the ideal run)"; exit 1; }
+    capped_rows "$IDEAL_PEAK"
+    echo "done at $((SECONDS - START)) s"
+    exit 0
+fi
+
+if [[ $MODE == big ]]; then
+    # A model bigger than the H200: the example's code in the Llama-3-8B shape (8.84B params, fp32
+    # weights and AdamW, TF32) at batch BIG_BATCH x 2048. Plain (expected out of memory), then
+    # profiled under BIG_CAP (the device's own capacity less a margin) with a BIG_POOL host pool,
+    # planned with the pool and the disk (mixed) and with a larger pool alone (host), both run:
+    # losses compared between the two plans.
+    MODEL=(--layers 32 --dim 4096 --heads 32 --ffn 14336 --vocab 128256 --seq 2048 --batch ${BIG_BATCH:-4}
+           --dtype fp32 --warmup ${BIG_WARMUP:-1} --steps ${BIG_STEPS:-5})
+    CAP=${BIG_CAP:-$((132 * 2**30))}
+    run ideal 90 --label "does it fit uncapped?"
+    TRACE=$OUT/trace_8b.msgpack
+    echo; echo "=== profile under $CAP bytes (at $((SECONDS - START)) s)"
+    timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE \
+        --profile-cap $CAP --profile-host-mem ${BIG_POOL:-100GiB} || { echo "profile failed"; exit 1; }
+    python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats_8b.json"
+    mkdir -p $PLANS
+    export TERAIO_RUN_S=240
+    T=(--ssds 1 --host-mem ${BIG_MIXED_POOL:-64GiB})
+    teraio_row mixed $CAP "8B at batch ${BIG_BATCH:-4}, profiled under the cap" "$PLANS/plan_8b_mixed.json"
+    T=(--ssds 0 --host-mem ${BIG_POOL:-100GiB})
+    teraio_row host $CAP "8B at batch ${BIG_BATCH:-4}, profiled under the cap" "$PLANS/plan_8b_host.json"
     echo "done at $((SECONDS - START)) s"
     exit 0
 fi

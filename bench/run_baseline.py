@@ -71,6 +71,10 @@ def parse_args(argv=None):
     p.add_argument("--profile-trace", metavar="TRACE",
                    help="ideal only: write a teraio trace of this loop (2 profiled iterations after --warmup); "
                         "no result is written")
+    p.add_argument("--profile-cap", metavar="SIZE",
+                   help="with --profile-trace: profile under this device cap (teraio profile --gpu-mem), "
+                        "tensors evicted to a --profile-host-mem pool and --ssd-dir")
+    p.add_argument("--profile-host-mem", default="72GiB", help="with --profile-cap: the host pool")
     p.add_argument("--cprofile", metavar="STATS",
                    help="run the child under cProfile and write its stats here (slows Python code: "
                         "the result is for finding host time, not for the table)")
@@ -90,6 +94,8 @@ def parse_args(argv=None):
         p.error(f"--plan {args.plan} does not exist: make it with `teraio plan`")
     if args.profile_trace and args.system != "ideal":
         p.error("--profile-trace records the ideal loop: use it with --system ideal")
+    if args.profile_cap and not args.profile_trace:
+        p.error("--profile-cap goes with --profile-trace")
     if not args.out and not args.profile_trace and not args.child:
         p.error("--out is required: the result file (.json or .jsonl)")
     return args
@@ -386,7 +392,9 @@ def teraio_wrapper(args, report_path):
     """The `teraio profile` / `teraio run` command line the child runs under, if any."""
     teraio = [sys.executable, "-m", "teraio"]
     if args.profile_trace:
-        return [*teraio, "profile", "-o", args.profile_trace, "--warmup", str(args.warmup), "--iterations", "2", "--"]
+        cap = ["--gpu-mem", args.profile_cap, "--host-mem", args.profile_host_mem, "--ssd-dir", args.ssd_dir]
+        return [*teraio, "profile", "-o", args.profile_trace, "--warmup", str(args.warmup), "--iterations", "2",
+                *(cap if args.profile_cap else []), "--"]
     if args.system in TERAIO_SYSTEMS:
         return [*teraio, "run", "--plan", args.plan, "--gpu-mem", args.gpu_mem, "--ssd-dir", args.ssd_dir,
                 "--report", report_path, "--strict", "--"]
