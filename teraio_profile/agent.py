@@ -49,7 +49,7 @@ class ProfileAgent(WalkListener):
         self.keeper = make_keeper(settings, self.walk) if make_keeper else None
         if self.keeper is not None:
             self.recorder.released_bytes = self.keeper.released_bytes
-            self.recorder.rescale_kernel_times = False  # warm-up iterations include the waits
+            self.recorder.waited_ms = self.keeper.waited_ms
         self.written = None
         self._watchdog: threading.Timer | bool = False   # Note [No step]; False until the first op
 
@@ -67,7 +67,11 @@ class ProfileAgent(WalkListener):
             self.keeper.after_op(inputs, new)
 
     def relieve_memory(self, inputs, attempt):
-        return self.keeper is not None and self.keeper.relieve_memory(inputs, attempt)
+        if self.keeper is None:
+            return False
+        relieved = self.keeper.relieve_memory(inputs, attempt)
+        self.recorder.restart_clock()  # the relief is no part of the kernel's time
+        return relieved
 
     def resident(self):
         """`teraio.resident()` while profiling: a no-op unless tensors are moved out (a cap)."""
@@ -107,6 +111,8 @@ class ProfileAgent(WalkListener):
 
     def on_iteration_end(self, iteration, num_kernels):
         self.recorder.on_iteration_end(iteration, num_kernels)
+        if self.keeper is not None:
+            self.keeper.on_iteration_end()
         if self.recorder.finished and self.written is None:
             self.written = self.write()
             if not self.settings.run_to_completion:

@@ -160,6 +160,15 @@ class BudgetKeeper:
         self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
         return self.resident_bytes()
 
+    def release_dead_moved(self) -> None:
+        """Storages the job freed while they were out: their slots and counts go. (Under a
+        plan the agent forgets every dead record at the iteration end instead; the profiler
+        keeps its records.)"""
+        records = self.walk.records
+        with _disable_current_modes():
+            self.engine.forget_dead([key for key in self.engine.moved
+                                     if key not in records or records[key].ref.expired()])
+
     def forget(self, dead) -> None:
         """Storages freed by the job (records the walk dropped)."""
         self.engine.forget_dead([r.key for r in dead])

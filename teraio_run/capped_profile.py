@@ -11,10 +11,13 @@ is born again (the CPU tests compare a capped trace with an uncapped one column 
 What does depend on it is made to not:
 - kernel times: the profiler's clock starts after this keeper has made the inputs resident
   (on CUDA the start event is queued after the copy's stream wait, so it fires once the data
-  is in) and stops before anything is evicted; the trace counts the kernels that waited.
-  Copies running beside a kernel can still slow it a little (they share HBM and the host
-  link); the warm-up rescaling of kernel times is not applied, since warm-up iterations
-  include the waits (Note [Kernel time under the profiler] in teraio_profile/recorder.py);
+  is in), restarts when an op that ran out of memory is retried after memory was relieved,
+  and stops before anything is evicted; the trace counts the kernels that waited. Copies
+  running beside a kernel can still slow it a little (they share HBM and the host link).
+  Kernel times are rescaled to the warm-up iterations as uncapped (Note [Kernel time under
+  the profiler] in teraio_profile/recorder.py), from their wall time less the time the
+  host spent waiting for memory: after such a wait the device has run dry, and the next
+  kernels' intervals hold the host's launch time;
 - the memory model: the allocator's bytes after each kernel plus the bytes this keeper has
   moved out, i.e. what the job would hold uncapped, which is what the planner must see.
 The trace header names the cap (profiled_under_cap) so that nobody reads its timings as an
@@ -60,6 +63,13 @@ class CappedProfile:
 
     def relieve_memory(self, inputs, attempt: int) -> bool:
         return self.keeper.relieve_memory(inputs, attempt)
+
+    def on_iteration_end(self) -> None:
+        self.keeper.release_dead_moved()
+
+    def waited_ms(self) -> float:
+        """Host time spent so far bringing tensors back and evicting (all stall causes)."""
+        return sum(self.engine.stats.stall_ms.values())
 
     def released_bytes(self) -> int:
         """Device bytes moved out now: added to the allocator's count for the memory model."""
