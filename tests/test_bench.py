@@ -200,3 +200,27 @@ def test_pool_replay_of_the_recorded_quarter_plan_fits_its_pool_and_only_its_poo
     assert failed == [] and slots.peak_used == pytest.approx(plan.header.prediction.host_pool_bytes, rel=1e-3)
     _, failed = pool_replay.replay(plan, 60 * 2**30, iterations=3)
     assert failed
+
+
+@pytest.mark.slow
+def test_host_cost_measures_each_regime_through_the_cli(tmp_path):
+    """bench/host_cost.py (issue 14's per-kernel host cost): its planned iterations really ran
+    the plan, its unplanned ones kept the budget without evicting, its eviction-heavy ones
+    evicted, and the result names the command, the commit and the targets it was held to."""
+    out = tmp_path / "host_cost.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TERAIO_COMMIT="abc1234")
+    proc = subprocess.run([sys.executable, str(BENCH / "host_cost.py"), "--steps", "5", "--out", str(out),
+                           "--", "--layers", "2"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())
+    by_regime = {row["regime"]: row for row in r["regimes"]}
+    planned, unplanned, evicting = by_regime["planned"], by_regime["unplanned"], by_regime["eviction-heavy"]
+    assert planned["iterations"] >= 2 and planned["planned_offloads_per_iteration"] > 0
+    assert unplanned["planned_offloads_per_iteration"] == 0 and unplanned["evictions_per_iteration"] == 0
+    assert evicting["planned_offloads_per_iteration"] == 0 and evicting["evictions_per_iteration"] > 0
+    for row in (planned, unplanned, evicting):
+        assert row["kernels_per_iteration"] > 0 and row["walk_us_per_kernel"] > 0 and row["ratio_to_plain"] > 0
+    assert r["git_commit"] == "abc1234" and r["command"][1].endswith("host_cost.py") and r["plain_step_ms"] > 0
+    assert r["targets"]["planned"]["target_us_per_kernel"] == 25
+    assert r["targets"]["unplanned"]["target_us_per_kernel"] == 50
+    assert "host cost per kernel" in proc.stdout
