@@ -158,8 +158,7 @@ class TraceRecorder(WalkListener):
         self.kept: dict | None = None                # the candidate written (Note [Shapes that vary])
         # Note [Profiling under a cap] (teraio_run/capped_profile.py), set by the agent
         self.released_bytes = lambda: 0              # device bytes moved out now
-        self.waited_ms = lambda: 0.0                 # host ms spent waiting for memory so far
-        self._waited_ms_at_step = 0.0
+        self.rescale_kernel_times = True             # Note [Kernel time under the profiler]
         self.op_waited = False                       # the current op waited for an input to come back
         self._reset_window()
 
@@ -273,9 +272,8 @@ class TraceRecorder(WalkListener):
         self.step_backward.append(self._backward)
         self._step_start, self._backward = len(self._cur_sig), False
         if self.window is None:  # warm-up steps are timed one by one: iterations are not known yet
-            waited_ms = self.waited_ms()  # under a cap: the time spent evicting is no kernel's
-            self.warm_step_ms.append(self._synchronized_ms(self._step_t0) - (waited_ms - self._waited_ms_at_step))
-            self._step_t0, self._waited_ms_at_step = time.perf_counter(), waited_ms
+            self.warm_step_ms.append(self._synchronized_ms(self._step_t0))
+            self._step_t0 = time.perf_counter()
 
     def on_iteration_end(self, iteration, num_kernels):
         if self.recording:
@@ -402,7 +400,7 @@ class TraceRecorder(WalkListener):
         iteration 0, which makes optimizer state) was timed, scale kernel times down so that
         they add up to it, spreading the idle time over kernels in proportion."""
         warm_ms = self.warm_iteration_ms()
-        if not self.clock.cuda or not warm_ms or event_sum_ms <= 0:
+        if not self.clock.cuda or not warm_ms or event_sum_ms <= 0 or not self.rescale_kernel_times:
             return 1.0
         return min(1.0, min(warm_ms) / event_sum_ms)
 
