@@ -39,7 +39,7 @@ class BudgetKeeper:
         """Before an op: every input resident (polling the copies in flight first). True when
         one had to come back, i.e. the op waited for data."""
         engine = self.engine
-        if engine.copying_out or engine.releasing or engine.in_flight:
+        if engine.copying_out or engine.releasing or engine.in_flight or engine.died:
             engine.poll(self.walk.records)
         waited = False
         if engine.moved:

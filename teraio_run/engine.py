@@ -27,6 +27,7 @@ swallows the error still exits with status 1 (teraio_run/report.py, finish).
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ class Moved:
     state: str
     transfer: Transfer | None
     storage: torch.UntypedStorage | None   # strong ref only while a copy reads or writes it
+    watch: object = None                   # weak ref whose callback says the job freed it
 
 
 @dataclass
@@ -120,6 +122,7 @@ class MigrationEngine:
         # order, so poll() looks only at the oldest of each (O(1) per op, not O(copies)).
         self._out_order: dict[str, deque[int]] = {"host": deque(), "ssd": deque()}
         self.in_flight: deque[Transfer] = deque()  # every copy, until measured (oldest first)
+        self.died: list[tuple[int, Moved]] = []     # freed by the job while out (Note [Died while out])
         self.meter = PathMeter()
 
     # ----- the correctness path ------------------------------------------------------------
@@ -168,12 +171,28 @@ class MigrationEngine:
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         moved.transfer = self._track(tier.copy_out(storage, slot))
         self.moved[record.key] = moved
+        self._watch(record.key, moved, storage)
         if tier.frees_at_once:
             self._release_device(record, moved)
         else:
             self.copying_out[record.key] = moved
             self._out_order[tier.name].append(record.key)
         return True
+
+    def _watch(self, key: int, moved: Moved, storage) -> None:
+        """Note [Died while out]: a storage the job frees while it is out (a gradient that
+        zero_grad drops after the plan moved it) gives its slot back at the next op, not at
+        the iteration end: until then it held host pool room (spilling later offloads to the
+        disk) and counted as device bytes released. The callback may run in an autograd
+        thread or the garbage collector, so it only appends."""
+        died = self.died
+        moved.watch = weakref.ref(storage, lambda _ref: died.append((key, moved)))
+
+    def _forget_died(self) -> None:
+        n = len(self.died)
+        pending = self.died[:n]
+        del self.died[:n]
+        self.forget_dead([key for key, moved in pending if self.moved.get(key) is moved])
 
     def finish_offload(self, key: int, records_by_key, done: bool = False) -> None:
         """Release the device memory of a copy-out once its bytes are in the tier (waiting
@@ -297,7 +316,10 @@ class MigrationEngine:
 
     # ----- progress, polled between ops ------------------------------------------------------
     def poll(self, records_by_key) -> None:
-        """Finish copy-outs that are done: release device memory, or keep the tensor on error."""
+        """Finish copy-outs that are done: release device memory, or keep the tensor on error;
+        forget storages the job freed while they were out."""
+        if self.died:
+            self._forget_died()
         if self.releasing:
             self._reap_released()
         self.measure()
