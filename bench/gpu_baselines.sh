@@ -179,7 +179,7 @@ if [[ $MODE == big ]]; then
     MODEL=(--layers 32 --dim 4096 --heads 32 --ffn 14336 --vocab 128256 --seq 2048 --batch ${BIG_BATCH:-4}
            --dtype fp32 --warmup ${BIG_WARMUP:-1} --steps ${BIG_STEPS:-5})
     CAP=${BIG_CAP:-$((132 * 2**30))}
-    run ideal 90 --label "does it fit uncapped?"
+    [[ ${BIG_PLAIN:-1} == 1 ]] && run ideal 90 --label "does it fit uncapped?"
     TRACE=$OUT/trace_8b.msgpack
     echo; echo "=== profile under $CAP bytes (at $((SECONDS - START)) s)"
     timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE \
@@ -187,10 +187,10 @@ if [[ $MODE == big ]]; then
     python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats_8b.json"
     mkdir -p $PLANS
     export TERAIO_RUN_S=240
-    T=(--ssds 1 --host-mem ${BIG_MIXED_POOL:-64GiB})
-    teraio_row mixed $CAP "8B at batch ${BIG_BATCH:-4}, profiled under the cap" "$PLANS/plan_8b_mixed.json"
     T=(--ssds 0 --host-mem ${BIG_POOL:-100GiB})
     teraio_row host $CAP "8B at batch ${BIG_BATCH:-4}, profiled under the cap" "$PLANS/plan_8b_host.json"
+    T=(--ssds 1 --host-mem ${BIG_MIXED_POOL:-64GiB})
+    teraio_row mixed $CAP "8B at batch ${BIG_BATCH:-4}, profiled under the cap" "$PLANS/plan_8b_mixed.json"
     echo "done at $((SECONDS - START)) s"
     exit 0
 fi
