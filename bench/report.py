@@ -25,6 +25,7 @@ EXPECTED_SYSTEMS = ("teraio_mixed", "teraio_host", "teraio_ssd", "zero_offload",
                     "checkpointing", "save_on_cpu", "plain_capped")
 GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype", "deterministic")
 GROUP_DEFAULTS = {"deterministic": False}  # results written before the key existed
+SHAPE_KEYS = ("layers", "dim", "heads", "ffn", "vocab")  # what makes a preset (batch and seq are run choices)
 MACHINE_NOTE = (
     "Machine: one NVIDIA H200 (about 139 GiB usable) on PCIe Gen5 x16, 16 cores, 128 GB RAM. "
     "Pinned host<->device copies run at about 55 GB/s each way alone (37 GB/s both ways at once); "
@@ -114,8 +115,8 @@ def status_text(r, not_run=None):
     return f"**{r['status']}**{where}{' at ' + commit if commit else ''}: {error}"
 
 
-def row_for(system, cap, r, ideal, not_run=None):
-    ideal_peak = ideal["metrics"].get("peak_device_bytes") if ideal else None
+def row_for(system, cap, r, ideal, not_run=None, demand_peak=None):
+    ideal_peak = ideal["metrics"].get("peak_device_bytes") if ideal else demand_peak
     m = r.get("metrics", {}) if r else {}
     ok = r is not None and r["status"] == "ok"
     tok_s = m.get("tokens_per_s") if ok else None
@@ -139,7 +140,27 @@ def group_title(results):
     dtype = "fp32 weights and AdamW" + (", TF32 matmuls" if c.get("tf32") else "") if c.get("dtype") == "fp32" \
         else "fp32 weights, bf16 autocast"
     exact = ", deterministic kernels" if c.get("deterministic") else ""
-    return f"{c.get('preset', '?')}: {params} ({shape}), batch {c.get('batch')} x seq {c.get('seq')}, {dtype}{exact}"
+    return f"{preset_name(c)}: {params} ({shape}), batch {c.get('batch')} x seq {c.get('seq')}, {dtype}{exact}"
+
+
+def preset_name(config):
+    """The example's preset the run used, or the one whose shape it has (a run given the shape
+    by overrides), else "custom"."""
+    from teraio.examples.train_gpt import PRESETS
+
+    shape = {k: config.get(k) for k in SHAPE_KEYS}
+    same = [name for name, preset in PRESETS.items() if all(preset[k] == v for k, v in shape.items())]
+    return same[0] if same else "custom"
+
+
+def traced_peak(chosen):
+    """Without an ideal run (a model that does not fit), the peak the profiled trace says the
+    job needs uncapped, from a teraio run's plan: ratios are then of that peak to the cap."""
+    for r in chosen.values():
+        peak = (r.get("metrics") or {}).get("teraio", {}).get("plan", {}).get("peak_bytes_without_plan")
+        if peak:
+            return peak
+    return None
 
 
 def group_table(results):
@@ -148,6 +169,7 @@ def group_table(results):
     ideal = chosen.get(("ideal", None))
     ideal = ideal if ideal and ideal["status"] == "ok" else None
     caps = sorted({cap for (_, cap) in chosen if cap is not None}, reverse=True)
+    demand_peak = None if ideal else traced_peak(chosen)
     lines = [f"### {group_title(results)}", "",
              "| System | Ratio (ideal peak / cap) | Share of ideal | tok/s | Step ms median [p10–p90] "
              "| Peak / cap GiB | Host RSS GiB | Predicted, stalls | Status |",
@@ -162,10 +184,13 @@ def group_table(results):
         for system in systems:
             r = chosen.get((system, cap))
             not_run = None if r else not_run_reason(system, cap, chosen, caps)
-            lines.append(row_for(system, cap, r, ideal, not_run))
+            lines.append(row_for(system, cap, r, ideal, not_run, demand_peak))
             share = (r["metrics"]["tokens_per_s"] / ideal["metrics"]["tokens_per_s"]
                      if r and r["status"] == "ok" and ideal else None)
             points.append((ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes")), system, share))
+    if demand_peak:
+        lines += ["", f"No ideal run fits this device: ratios are of the profiled trace's uncapped peak "
+                      f"({gib(demand_peak)} GiB) to the cap."]
     lines += ([""] + speedups(chosen, caps, ideal) + link_bounds(chosen, caps, ideal)
               + teraio_details(chosen, caps, ideal) + provenance(chosen))
     return lines, points

@@ -33,10 +33,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 #   tiny  =       459,392  (2 layers, dim 128, vocab 512)
 #   1b    =   953,223,168  (16 layers, dim 2048, ffn 5632, vocab 32000)
 #   3b    = 2,914,667,520  (24 layers, dim 3072, ffn 8192, vocab 32000)
+#   8b    = 8,835,567,616  (the Llama-3-8B shape without grouped KV heads: more than one H200 holds
+#                           at batch 4 with fp32 AdamW; bench/gpu_baselines.sh big)
 PRESETS = {
     "tiny": dict(layers=2, dim=128, heads=4, ffn=256, vocab=512, seq=64, batch=4, steps=6, lr=3e-3),
     "1b": dict(layers=16, dim=2048, heads=16, ffn=5632, vocab=32000, seq=2048, batch=8, steps=20, lr=3e-4),
     "3b": dict(layers=24, dim=3072, heads=24, ffn=8192, vocab=32000, seq=2048, batch=4, steps=20, lr=3e-4),
+    "8b": dict(layers=32, dim=4096, heads=32, ffn=14336, vocab=128256, seq=2048, batch=4, steps=10, lr=3e-4),
 }
 
 
