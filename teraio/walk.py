@@ -149,10 +149,21 @@ def cuda_allocated_bytes() -> int:
     return torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["current"]
 
 
+_op_names: dict = {}
+
+
+def _op_name(func) -> str:
+    """str(func), once per op overload: OpOverload.__str__ costs ~7 us, paid twice per op."""
+    name = _op_names.get(func)
+    if name is None:
+        name = _op_names[func] = str(func)
+    return name
+
+
 def op_signature(func, out_tensors: list) -> int:
     """crc32 of the op name and its output shapes: what the guard compares per kernel."""
     shapes = [tuple(t.shape) for t in out_tensors]
-    return zlib.crc32(f"{func}|{shapes}".encode())
+    return zlib.crc32(f"{_op_name(func)}|{shapes}".encode())
 
 
 def op_structure(func, out_tensors: list) -> int:
@@ -160,7 +171,7 @@ def op_structure(func, out_tensors: list) -> int:
     guard compares when shapes vary (Note [When the plan is followed] in teraio_run/agent.py).
     Rank and dtype tell a different code path (a broadcast, a cast) from another batch size."""
     outs = [(t.dtype, t.dim()) for t in out_tensors]
-    return zlib.crc32(f"{func}|{outs}".encode())
+    return zlib.crc32(f"{_op_name(func)}|{outs}".encode())
 
 
 def op_signatures(func, out_tensors: list) -> tuple[int, int]:
@@ -319,6 +330,7 @@ class OpWalk(TorchDispatchMode):
         # (PyTorch's own launch cost): when they add up to the iteration, the CPU is the bottleneck.
         self.host_s = {"walk": 0.0, "ops": 0.0}
         self.records: dict[int, StorageRecord] = {}
+        self.created_bytes = 0   # bytes of every record made so far (a bound for the CPU budget check)
         self.owners = _Owners()
         self.roots: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -608,6 +620,7 @@ class OpWalk(TorchDispatchMode):
             kind = Kind.activation if phase == Phase.forward else Kind.other
         record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration)
         self.records[key] = record
+        self.created_bytes += record.nbytes
         return record
 
     def _birth_name(self, func, label, phase: Phase) -> str:
