@@ -79,7 +79,7 @@ class TraceHeader(Strict):
     untracked_bytes: int = 0
     memory_model_max_error: float | None = None
     # Under DistributedDataParallel the runtime keeps gradients on the device (Note [DDP
-    # gradients] in teraio_run/agent.py), so plans must not count on moving them.
+    # gradients] in teraio_run/budget.py), so plans must not count on moving them.
     gradients_stay_on_device: bool = False
     timing: Literal["cuda_events", "monotonic_clock"]
     # Optimizer steps per iteration, counted from the job's first step (Note [Iteration
