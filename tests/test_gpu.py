@@ -140,3 +140,20 @@ def test_a_full_pool_waits_on_the_copy_in_event_not_the_disk(tmp_path):
     engine.releasing.append(Moved(host, slot, pool.capacity, PREFETCHING, copy_in, None))
     tier, placed = engine._place("host", pool.capacity)
     assert (tier.name, placed, engine.stats.other_tier_bytes) == ("host", slot, 0) and copy_in.done()
+
+
+def test_a_trace_profiled_under_half_the_peak_on_cuda_records_the_same_job(tmp_path):
+    """Note [Profiling under a cap]: stream copies and the allocator's hard cap change nothing the
+    trace says about the job (deaths were stamped late on CUDA once: the engine held storages),
+    and the memory model's untracked bytes stay those of the uncapped trace. The model is made
+    large enough (~0.5 GB) that cuBLAS workspaces are small beside the cap."""
+    job = (sys.executable, EXAMPLE, *ARGS, "--dim", 512, "--ffn", 2048, "--vocab", 8192, "--seq", 256, "--batch", 8)
+    run("-m", "teraio", "profile", "-o", tmp_path / "full.msgpack", "--", *job, cwd=tmp_path)
+    full = load_trace(tmp_path / "full.msgpack")
+    cap_bytes = int(live_bytes_per_kernel(full).max() + full.header.untracked_bytes) // 2
+    run("-m", "teraio", "profile", "-o", tmp_path / "capped.msgpack", "--gpu-mem", cap_bytes, "--host-mem", "4GiB",
+        "--ssd-dir", tmp_path / "ssd", "--", *job, cwd=tmp_path)
+    capped = load_trace(tmp_path / "capped.msgpack")
+    assert capped.columns_unlike(full) == []
+    assert capped.header.profiled_under_cap.waited_kernels > 0
+    assert abs(capped.header.untracked_bytes - full.header.untracked_bytes) < 64 << 20
