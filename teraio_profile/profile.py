@@ -4,7 +4,7 @@ import json
 import os
 import signal
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from teraio.errors import JobStopped, ScriptError, UsageError
@@ -16,8 +16,9 @@ from teraio.units import format_bytes
 @dataclass
 class Cap:
     """Profile under a device memory cap (Note [Profiling under a cap] in teraio_run/capped_profile.py):
-    evicted tensors go to a host pool of host_mem_bytes (None: half the memory available),
-    then to swap files in ssd_dirs (none: the temp folder)."""
+    evicted tensors go to a host pool of host_mem_bytes per process (None: decided in the job,
+    teraio_run/capped_profile.py default_pool_bytes), then to swap files in ssd_dirs (none: the
+    temp folder)."""
 
     gpu_mem_bytes: int = 0               # 0: no cap, the job runs as it is
     host_mem_bytes: int | None = None
@@ -62,16 +63,14 @@ def _checked_cap(cap: Cap) -> Cap:
         return cap
     available_bytes = mem_available_bytes()
     host_mem_bytes = cap.host_mem_bytes
-    if host_mem_bytes is None:
-        host_mem_bytes = (available_bytes or 0) // 2
-    elif available_bytes is not None and host_mem_bytes > available_bytes:
+    if host_mem_bytes is not None and available_bytes is not None and host_mem_bytes > available_bytes:
         raise UsageError(f"--host-mem {format_bytes(host_mem_bytes)} is more than the {format_bytes(available_bytes)} "
                          "of memory this machine has available: give a smaller --host-mem")
     for ssd_dir in cap.ssd_dirs:
         path = Path(ssd_dir)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--ssd-dir {ssd_dir} is a file: give a folder on the SSD")
-    return replace(cap, host_mem_bytes=host_mem_bytes)
+    return cap
 
 
 def _check_writable(path: Path) -> None:

@@ -32,8 +32,10 @@ keeper and hands it to the profile agent (teraio/bootstrap/__init__.py).
 """
 
 import atexit
+import os
 import sys
 
+from teraio.launch import mem_available_bytes
 from teraio.settings import Settings
 from teraio.units import format_bytes
 from teraio_run.budget import BudgetKeeper
@@ -48,7 +50,8 @@ class CappedProfile:
         self.cap_bytes = settings.gpu_mem_bytes
         if self.cuda:
             cap_device_memory(self.cap_bytes)
-        self.engine, self.context = build_engine(settings, settings.host_mem_bytes, self.cuda)
+        pool_bytes = settings.host_mem_bytes or default_pool_bytes()
+        self.engine, self.context = build_engine(settings, pool_bytes, self.cuda)
         self.keeper = BudgetKeeper(self.engine, walk, self.cap_bytes, self.cuda)
         atexit.register(self.close)
 
@@ -89,6 +92,13 @@ class CappedProfile:
     def close(self) -> None:
         self.context.threads.shutdown(wait=True)
         remove_run_dirs(self.context)
+
+
+def default_pool_bytes() -> int:
+    """Without --host-mem: half the memory available, shared by the processes of this machine
+    (torchrun's LOCAL_WORLD_SIZE), each pinning its own pool."""
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return (mem_available_bytes() or 0) // 2 // max(1, local_processes)
 
 
 def start_capped(settings: Settings, walk) -> CappedProfile:

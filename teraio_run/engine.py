@@ -122,7 +122,7 @@ class MigrationEngine:
         # order, so poll() looks only at the oldest of each (O(1) per op, not O(copies)).
         self._out_order: dict[str, deque[int]] = {"host": deque(), "ssd": deque()}
         self.in_flight: deque[Transfer] = deque()  # every copy, until measured (oldest first)
-        self.died: list[tuple[int, Moved]] = []     # freed by the job while out (Note [Died while out])
+        self.died: list[tuple[int, weakref.ref]] = []  # freed by the job while out (Note [Died while out])
         self.meter = PathMeter()
 
     # ----- the correctness path ------------------------------------------------------------
@@ -186,13 +186,17 @@ class MigrationEngine:
         disk) and counted as device bytes released. The callback may run in an autograd
         thread or the garbage collector, so it only appends."""
         died = self.died
-        moved.watch = weakref.ref(storage, lambda _ref: died.append((key, moved)))
+        # The callback names the key and its own weak ref, never `moved`: a Moved reachable from
+        # its own callback is a reference cycle, and one still holding a storage (a cancelled
+        # copy-out) kept that storage alive until the garbage collector ran.
+        moved.watch = weakref.ref(storage, lambda ref: died.append((key, ref)))
 
     def _forget_died(self) -> None:
         n = len(self.died)
         pending = self.died[:n]
         del self.died[:n]
-        self.forget_dead([key for key, moved in pending if self.moved.get(key) is moved])
+        self.forget_dead([key for key, ref in pending
+                          if key in self.moved and self.moved[key].watch is ref])
 
     def finish_offload(self, key: int, records_by_key, done: bool = False) -> None:
         """Release the device memory of a copy-out once its bytes are in the tier (waiting

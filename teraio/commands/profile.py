@@ -26,7 +26,8 @@ console = Console(highlight=False)
               help="Profile a job that does not fit: cap device memory to this size, evicting tensors on demand "
                    "(0 = run uncapped).")
 @click.option("--host-mem", "host_mem_bytes", type=SIZE, default=None,
-              help="With --gpu-mem: host pool for evicted tensors [default: half the memory available].")
+              help="With --gpu-mem: host pool for evicted tensors, per process "
+                   "[default: half the memory available, shared by this machine's processes].")
 @click.option("--ssd-dir", "ssd_dirs", multiple=True,
               help="With --gpu-mem: folder for swap files once the pool is full; repeat per SSD (default: the temp folder).")
 @click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
