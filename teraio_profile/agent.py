@@ -10,7 +10,6 @@ the main thread may be anywhere (inside the user's loop, in a C call, under a ba
 nothing of the job is worth keeping then: no trace was written.
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ from teraio import __version__
 from teraio.formats.common import Producer
 from teraio.formats.trace import (
     DeviceInfo, KernelTable, ProfileCap, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
-    live_bytes_per_kernel, save_trace,
+    live_bytes_per_kernel, save_trace, signature_digest,
 )
 from teraio.walk import OpWalk, WalkListener, activate, deactivate, op_signatures
 from teraio_profile.recorder import TraceRecorder
@@ -143,8 +142,7 @@ class ProfileAgent(WalkListener):
 
     def _header(self, kernels, tensors) -> TraceHeader:
         s, rec = self.settings, self.recorder
-        digest, structure = (hashlib.sha256(np.asarray(kernels[col], dtype=np.uint32).tobytes()).hexdigest()[:16]
-                             for col in ("signature", "structure"))
+        digest, structure = (signature_digest(kernels[col]) for col in ("signature", "structure"))
         return TraceHeader(
             producer=Producer(teraio=__version__, torch=torch.__version__, cuda=torch.version.cuda),
             command=s.command, world_size=s.world_size, rank=s.rank, device=self._device_info(),

@@ -34,21 +34,18 @@ tensors (teraio_run/budget.py). Neither path can corrupt training: every op's in
 `resident()` and `pin_for_raw_read()` (teraio/raw_access.py).
 """
 
-import hashlib
 import sys
-import time
 
-import numpy as np
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
-from teraio.formats.trace import Kind
-from teraio.units import format_bytes
-from teraio.walk import OpWalk, WalkListener, activate, op_structure
+from teraio.formats.trace import Kind, signature_digest
+from teraio.walk import OpWalk, WalkListener, op_structure
 from teraio_run.budget import BudgetKeeper
 from teraio_run.engine import MigrationEngine
+from teraio_run.metrics import IterationLog
 
 
 
@@ -75,16 +72,12 @@ class RunAgent(WalkListener):
         self.paused_at = -1                      # kernel where this iteration left the plan
         self.by_id = {}
         self.signatures: list[int] = []          # this iteration's, until `expected` is learned
-        self.iteration_s: list[float] = []
-        self._t_iter = time.perf_counter()
         self.iterations_on_plan = 0
         self.guard_trips = 0
         self.guard_reason = ""
         self.plan_pauses = 0
         self.pause_reason = ""   # the first one, for the report
-        self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
-        self.per_iteration: list[dict] = []
-        self._last_totals: dict = {}
+        self.log = IterationLog(engine, self.walk)
 
     @property
     def device_name(self) -> str:
@@ -100,7 +93,7 @@ class RunAgent(WalkListener):
         for entry in self.prefetches_at.get(k, ()):
             record = self.by_id.get(entry.tensor)
             if record is None:
-                self.counts["plan_ids_missing"] += 1
+                self.log.counts["plan_ids_missing"] += 1
                 continue
             self.keeper.grew = True
             try:
@@ -119,9 +112,9 @@ class RunAgent(WalkListener):
             for entry in self.offloads_after.get(k, ()):
                 record = self.by_id.get(entry.tensor)
                 if record is None:
-                    self.counts["plan_ids_missing"] += 1
+                    self.log.counts["plan_ids_missing"] += 1
                 elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
-                    self.counts["planned_offloads"] += 1
+                    self.log.counts["planned_offloads"] += 1
         self.keeper.after_op(inputs, new)
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
@@ -129,13 +122,10 @@ class RunAgent(WalkListener):
 
     # ----- iteration boundary ---------------------------------------------------------------
     def on_iteration_end(self, iteration, num_kernels):
-        now = time.perf_counter()
-        self.iteration_s.append(now - self._t_iter)
-        self._t_iter = now
         if self.following and num_kernels < self.num_kernels:
             self._pause(num_kernels, None)  # every op matched, but the iteration ended early
         completed = self.following
-        self._log_iteration(iteration, num_kernels)
+        self.log.end_iteration(iteration, num_kernels, self.following, self.paused_at)
         if iteration == 0:
             self._check_device()
         if completed:
@@ -152,7 +142,7 @@ class RunAgent(WalkListener):
 
     def _learn(self, iteration: int, num_kernels: int) -> None:
         """The first iteration that ran the traced ops gives the per-kernel signatures."""
-        digest = hashlib.sha256(np.asarray(self.signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
+        digest = signature_digest(self.signatures)
         if digest == self.digest and num_kernels == self.num_kernels:
             self.expected = self.signatures
         elif iteration == self.plan.header.trace.steady_from_iteration:
@@ -171,32 +161,6 @@ class RunAgent(WalkListener):
                 record = self.by_id.get(entry.tensor) if in_next else None
                 if record is not None and self.keeper.movable(record, Kind[entry.kind]):
                     self.engine.offload(record, entry.tier)
-
-    def _host_pool_peak(self) -> int:
-        """The most the host pool held during this iteration (then the count starts over)."""
-        host = self.engine.tiers["host"]
-        if host is None:
-            return 0
-        peak, host.pool.peak_used = host.pool.peak_used, host.pool.used
-        return peak
-
-    def _log_iteration(self, iteration: int, num_kernels: int) -> None:
-        """One row per iteration for the report: where time and traffic went, and whether
-        the plan was followed (what tells a plan problem from a runtime one)."""
-        stats = self.engine.stats
-        totals = {"evictions": stats.evictions, "oom_retries": stats.oom_retries,
-                  "stall_ms": sum(stats.stall_ms.values()),
-                  "offloaded_bytes": sum(stats.offloaded_bytes.values()),
-                  "other_tier_bytes": stats.other_tier_bytes,
-                  "copy_busy_ms": sum(self.engine.meter.busy_s.values()) * 1e3,
-                  "walk_ms": self.walk.host_s["walk"] * 1e3, "op_launch_ms": self.walk.host_s["ops"] * 1e3}
-        row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
-        row.update(self.counts, iteration=iteration, followed_plan=self.following, kernels=num_kernels,
-                   paused_at_kernel=self.paused_at,
-                   ms=(self.iteration_s[-1]) * 1e3, host_pool_peak_bytes=self._host_pool_peak())
-        self.per_iteration.append(row)
-        self._last_totals = totals
-        self.counts = dict.fromkeys(self.counts, 0)
 
     def _tidy(self) -> None:
         self.keeper.forget(self.walk.forget_expired())
@@ -261,23 +225,3 @@ def _index_actions(plan: Plan):
         offloads.setdefault(entry.offload_after, []).append(entry)
         prefetches.setdefault(entry.prefetch_at, []).append(entry)
     return offloads, prefetches
-
-
-def start(settings):
-    """Called by the bootstrap once torch is imported in a training process."""
-    from teraio_run.setup import build_agent, install_exit_handlers, plan_for_rank
-
-    plan, plan_path = plan_for_rank(settings)
-    if not plan.entries and plan.header.prediction.fits:
-        # Nothing to move: stay out of the way entirely (no walk, no per-op cost).
-        print(f"teraio: {plan_path} moves nothing (the job fits its budget); running untouched", file=sys.stderr)
-        return None
-    agent, context = build_agent(settings, plan, plan_path)
-    activate(agent.walk)
-    install_exit_handlers(agent, context)
-    pinned = f" (pinned in {context.pool_pin_s:.1f} s)" if agent.cuda and context.pool_bytes else ""
-    print(f"teraio: rank {settings.rank} follows {plan_path.name} ({len(plan.entries)} entries) on "
-          f"{agent.device_name}, budget {format_bytes(agent.budget_bytes)}, host pool "
-          f"{format_bytes(context.pool_bytes)}{pinned}, swap I/O {context.io_backend} in {len(context.run_dirs)} folder(s)",
-          file=sys.stderr)
-    return agent

@@ -10,13 +10,14 @@ from teraio import __version__, compile_guard
 from teraio.formats.common import Producer
 from teraio.formats.report import ReportHeader, RunReport, save_report
 from teraio.settings import rank_path
+from teraio_run.setup import remove_run_dirs
 
 STEADY_SKIP = 2   # iteration 0 creates optimizer state and 1 is the first planned one
 
 
 def build_report(agent, context) -> RunReport:
     stats, plan, s = agent.engine.stats, agent.plan, context.settings
-    measured = np.median(agent.iteration_s[STEADY_SKIP:] or agent.iteration_s or [0.0]) * 1e3
+    measured = np.median(agent.log.iteration_s[STEADY_SKIP:] or agent.log.iteration_s or [0.0]) * 1e3
     predicted = plan.header.prediction.iteration_ms
     return RunReport(
         header=ReportHeader(
@@ -24,7 +25,7 @@ def build_report(agent, context) -> RunReport:
             command=s.command, rank=s.rank, world_size=s.world_size,
             device=agent.device_name, plan=str(context.plan_path),
             plan_op_digest=plan.header.trace.op_digest),
-        iterations=len(agent.iteration_s),
+        iterations=len(agent.log.iteration_s),
         iterations_on_plan=agent.iterations_on_plan,
         io_backend=context.io_backend,
         offloaded_bytes=stats.offloaded_bytes,
@@ -56,7 +57,7 @@ def build_report(agent, context) -> RunReport:
         kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,
         per_iteration=[{**row, **{key: round(row[key], 3)
                                   for key in ("ms", "stall_ms", "walk_ms", "op_launch_ms", "copy_busy_ms")}}
-                       for row in agent.per_iteration],
+                       for row in agent.log.rows],
     )
 
 
@@ -81,11 +82,10 @@ def _peak_bytes(agent) -> int:
 
 def finish(agent, context) -> None:
     """At exit: write the report, print its summary, remove the swap folders."""
-    from teraio_run.setup import remove_run_dirs
     from teraio.views import print_report
 
     try:
-        if agent.iteration_s or agent.engine.stats.io_errors:  # a failure is worth a report at any time
+        if agent.log.iteration_s or agent.engine.stats.io_errors:  # a failure is worth a report at any time
             report = build_report(agent, context)
             if context.settings.report:
                 save_report(report, rank_path(context.settings.report, context.settings.rank,

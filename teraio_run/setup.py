@@ -1,8 +1,7 @@
-"""Building the runtime from TERAIO_* settings, and tearing it down at exit."""
+"""Building the runtime from TERAIO_* settings (the agent and its engine, or the engine alone
+for a profile under a cap), and removing its swap folders."""
 
-import atexit
 import shutil
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ from teraio.errors import PlanMismatchError, UsageError
 from teraio.formats.plan import Plan, load_plan
 from teraio.settings import Settings, rank_path
 from teraio.units import format_bytes
+from teraio_run.agent import RunAgent
 from teraio_run.engine import MigrationEngine
 from teraio_run.layout import DEFAULT_SWAP_DIR
 from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
@@ -58,9 +58,7 @@ def choose_files(backend: str, cuda: bool):
     return PosixFiles()
 
 
-def build_agent(settings: Settings, plan: Plan, plan_path: Path):
-    from teraio_run.agent import RunAgent
-
+def build_agent(settings: Settings, plan: Plan, plan_path: Path) -> tuple[RunAgent, RunContext]:
     device_type = settings.device_type()
     cuda = device_type == "cuda"
     budget = plan.header.inputs.budget_bytes
@@ -95,29 +93,6 @@ def build_engine(settings: Settings, pool_bytes: int, cuda: bool) -> tuple[Migra
 def cap_device_memory(cap_bytes: int) -> None:
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total))
-
-
-def install_exit_handlers(agent, context: RunContext) -> None:
-    """Report and clean up at exit, Ctrl-C included; checkpoints see true values."""
-    from teraio_run.report import finish
-    # Imported now, not at exit: CPython 3.11 forgets that a KeyboardInterrupt ended the script
-    # once any eval()/exec() of a string runs (a namedtuple or dataclass made by a module
-    # imported at exit), and exits 1 instead of dying by SIGINT (130). Measured: rich's imports
-    # at exit turned a Ctrl-C'd job's 130 into 1.
-    import teraio.views  # noqa: F401
-
-    atexit.register(finish, agent, context)
-    _exit_cleanly_on(signal.SIGTERM, signal.SIGHUP)
-
-
-def _exit_cleanly_on(*signums: int) -> None:
-    """SIGTERM and SIGHUP kill a process without running atexit, so the report would be lost and
-    the swap folders left behind: turn them into SystemExit(128 + N), the status a shell shows
-    for a death by signal N. SIGINT already raises KeyboardInterrupt, which unwinds the same
-    way. A handler the script set (or SIG_IGN, as nohup sets for SIGHUP) is left alone."""
-    for signum in signums:
-        if signal.getsignal(signum) == signal.SIG_DFL:
-            signal.signal(signum, lambda number, frame: sys.exit(128 + number))
 
 
 def remove_run_dirs(context: RunContext) -> None:

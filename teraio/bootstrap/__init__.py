@@ -69,7 +69,7 @@ def start(settings: Settings):
             from teraio_run.capped_profile import start_capped as make_keeper
         return start_profile(settings, make_keeper)
     if settings.mode == "run":
-        from teraio_run.agent import start as start_run
+        from teraio_run.start import start as start_run
         return start_run(settings)
     return None
 

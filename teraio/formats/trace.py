@@ -13,6 +13,7 @@ Lifetimes, per tensor, in kernel indices of the recorded iteration (N kernels):
   [born, N) and [0, freed - N) in steady state.
 """
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -188,6 +189,13 @@ class Trace:
 
 JOB_COLUMNS = ("op_names", "kernel_op", "kernel_phase", "signature", "structure", "tensor_id", "tensor_name",
                "kind", "nbytes", "dtype", "shape", "born", "freed", "use_offsets", "use_kernels")
+
+
+def signature_digest(signatures) -> str:
+    """The 16-hex-digit sha256 of per-kernel uint32 signatures (exact or structural): the
+    trace header's op_digest and structure_digest, which the runtime compares an iteration
+    with."""
+    return hashlib.sha256(np.asarray(signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
 
 
 def save_trace(trace_file: TraceFile, path: str | Path) -> None:
