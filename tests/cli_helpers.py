@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "teraio" / "examples" / "train_gpt.py"
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+PYTHON = sys.executable   # the interpreter running the tests starts every job (not whatever `python` is on PATH)
 
 
 def teraio(*args, cwd, timeout=300) -> subprocess.CompletedProcess:

@@ -23,14 +23,14 @@ from safetensors.torch import load_file
 from teraio.formats.plan import save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import CPU_ENV, ok, teraio
+from cli_helpers import CPU_ENV, PYTHON, ok, teraio
 from runtime_helpers import every_period_plan
 
 CLIENTS = Path(__file__).parent / "clients"
 
 
 def profile_and_plan(tmp_path, script: str | Path, *args) -> Path:
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", "python", CLIENTS / script, *args, cwd=tmp_path))
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / script, *args, cwd=tmp_path))
     trace = load_trace(tmp_path / "t.msgpack")
     plan = every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2)
     save_plan(plan, tmp_path / "plan.json")
@@ -39,7 +39,7 @@ def profile_and_plan(tmp_path, script: str | Path, *args) -> Path:
 
 def run_planned(tmp_path, plan: Path, script: str, *args):
     proc = ok(teraio("run", "--plan", plan, "--report", tmp_path / "run.json", "--ssd-dir", tmp_path / "ssd",
-                     "--", "python", CLIENTS / script, *args, cwd=tmp_path))
+                     "--", PYTHON, CLIENTS / script, *args, cwd=tmp_path))
     return proc, load_report(tmp_path / "run.json")
 
 
@@ -133,7 +133,7 @@ def test_resident_block_gives_raw_readers_the_true_bytes(tmp_path):
     script = tmp_path / "raw.py"
     script.write_text(RAW_READER)
     plan = profile_and_plan(tmp_path, script)
-    ok(teraio("run", "--plan", plan, "--ssd-dir", tmp_path / "ssd", "--", "python", script, cwd=tmp_path))
+    ok(teraio("run", "--plan", plan, "--ssd-dir", tmp_path / "ssd", "--", PYTHON, script, cwd=tmp_path))
     digests = json.loads((tmp_path / "digests.json").read_text())
     assert digests["resident"] == digests["by_ops"]
 

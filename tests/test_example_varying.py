@@ -10,7 +10,7 @@ same invocation with `--preset 1b --min-seq 1024` is the H200 case.
 import pytest
 
 from teraio.formats.report import load_report
-from cli_helpers import EXAMPLE, example, losses, ok, teraio
+from cli_helpers import EXAMPLE, PYTHON, example, losses, ok, teraio
 from runtime_helpers import assert_mostly_on_plan_within_budget, plan_at_half_peak
 
 ARGS = ("--device", "cpu", "--steps", 10, "--accum", 2, "--seq", 64, "--min-seq", 32)
@@ -19,7 +19,7 @@ ARGS = ("--device", "cpu", "--steps", 10, "--accum", 2, "--seq", 64, "--min-seq"
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     work = tmp_path_factory.mktemp("example_varying")
-    proc = ok(teraio("profile", "-o", work / "t.msgpack", "--", "python", EXAMPLE, *ARGS, cwd=work))
+    proc = ok(teraio("profile", "-o", work / "t.msgpack", "--", PYTHON, EXAMPLE, *ARGS, cwd=work))
     ok(example(*ARGS[2:], "--losses-out", work / "plain.json", cwd=work))
     return work, proc.stderr
 
@@ -39,7 +39,7 @@ def test_example_with_varying_lengths_follows_the_plan_bit_identically_within_bu
     assert any("shapes vary" in line for line in stderr.splitlines()), stderr  # the lengths did vary
     plan, budget = plan_at_half_peak(work / "t.msgpack", planner, tmp_path)
     ok(teraio("run", "--plan", plan, "--report", tmp_path / "run.json", "--ssd-dir", tmp_path / "ssd", "--",
-              "python", EXAMPLE, *ARGS, "--losses-out", tmp_path / "l.json", cwd=tmp_path))
+              PYTHON, EXAMPLE, *ARGS, "--losses-out", tmp_path / "l.json", cwd=tmp_path))
     report = load_report(tmp_path / "run.json")
     assert losses(tmp_path / "l.json") == losses(work / "plain.json")
     assert_mostly_on_plan_within_budget(report, budget)

@@ -17,7 +17,7 @@ import torch
 from teraio.formats.plan import save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import EXAMPLE, example, losses, ok, teraio
+from cli_helpers import EXAMPLE, PYTHON, example, losses, ok, teraio
 from runtime_helpers import every_period_plan
 
 ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
@@ -63,7 +63,7 @@ except Exception:
 def work(tmp_path_factory):
     """A profile, an SSD-only plan at half the peak, and a plain run of the example."""
     tmp = tmp_path_factory.mktemp("faults")
-    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", "python", EXAMPLE, *ARGS, cwd=tmp))
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp))
     trace = load_trace(tmp / "trace.msgpack")
     # every offload goes to the disk; the host pool (sized from the plan) could take them all
     save_plan(every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2, tiers=("ssd",)),
@@ -76,11 +76,11 @@ def work(tmp_path_factory):
 def run_example(work, tmp_path, ssd_dir, remove_at=None, swallow=False, fill_at=None):
     """teraio run of the example (through the driver when swap folders are to be removed or
     their disk filled)."""
-    script = ["python", EXAMPLE]
+    script = [PYTHON, EXAMPLE]
     if remove_at is not None:
-        script = ["python", work / "driver.py", ssd_dir, remove_at, "--swallow" if swallow else "-", EXAMPLE]
+        script = [PYTHON, work / "driver.py", ssd_dir, remove_at, "--swallow" if swallow else "-", EXAMPLE]
     if fill_at is not None:
-        script = ["python", work / "driver.py", ssd_dir, fill_at, "--fill", EXAMPLE]
+        script = [PYTHON, work / "driver.py", ssd_dir, fill_at, "--fill", EXAMPLE]
     report = tmp_path / "run.json"
     proc = teraio("run", "--plan", work / "plan.json", "--ssd-dir", ssd_dir, "--report", report, "--", *script,
                   *ARGS, "--losses-out", tmp_path / "losses.json", "--state-out", tmp_path / "state.pt",

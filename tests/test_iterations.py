@@ -13,7 +13,7 @@ from teraio.formats.plan import load_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import Phase, live_bytes_per_kernel, load_trace
 from teraio_profile.recorder import cycle_length
-from cli_helpers import CPU_ENV, ROOT, losses, ok, one_line_error, teraio
+from cli_helpers import CPU_ENV, PYTHON, ROOT, losses, ok, one_line_error, teraio
 
 TRAIN = '''
 import argparse, json, torch
@@ -72,7 +72,7 @@ def two(tmp_path_factory):
     """The two-optimizer script profiled once and run plainly once."""
     tmp = tmp_path_factory.mktemp("two_optimizers")
     (tmp / "train.py").write_text(TRAIN)
-    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", "python", "train.py", "--steps", 10, cwd=tmp))
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", PYTHON, "train.py", "--steps", 10, cwd=tmp))
     ok(python("train.py", "--steps", 6, "--losses-out", tmp / "plain.json", cwd=tmp))
     return tmp
 
@@ -88,7 +88,7 @@ def test_two_optimizers_stepped_each_loop_are_one_iteration_and_the_plan_is_foll
     ok(teraio("plan", two / "trace.msgpack", "--gpu-mem", budget, "--ssds", 1, "--host-mem", budget,
               "-o", tmp_path / "plan.json", cwd=tmp_path))
     ok(teraio("run", "--plan", tmp_path / "plan.json", "--ssd-dir", tmp_path / "ssd", "--report",
-              tmp_path / "run.json", "--", "python", two / "train.py", "--steps", 6, "--losses-out",
+              tmp_path / "run.json", "--", PYTHON, two / "train.py", "--steps", 6, "--losses-out",
               tmp_path / "losses.json", cwd=tmp_path))
     report = load_report(tmp_path / "run.json")
     assert report.iterations == 6  # one per loop of two steps
@@ -99,7 +99,7 @@ def test_two_optimizers_stepped_each_loop_are_one_iteration_and_the_plan_is_foll
 
 def test_steps_per_iteration_by_hand(two, tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
-    ok(teraio("profile", "--steps-per-iteration", 2, "-o", tmp_path / "t.msgpack", "--", "python", "train.py",
+    ok(teraio("profile", "--steps-per-iteration", 2, "-o", tmp_path / "t.msgpack", "--", PYTHON, "train.py",
               "--steps", 10, cwd=tmp_path))
     by_hand, found = load_trace(tmp_path / "t.msgpack"), load_trace(two / "trace.msgpack")
     assert by_hand.header.steps_per_iteration == 2
@@ -110,7 +110,7 @@ def test_a_checkpoint_saved_in_the_profiled_iteration_does_not_become_the_trace(
     """Loop 3 is the first one the profiler records; it saves a checkpoint between backward and step."""
     (tmp_path / "train.py").write_text(TRAIN)
     for name, extra in (("plain", ()), ("saving", ("--save-at", 3))):
-        ok(teraio("profile", "-o", tmp_path / f"{name}.msgpack", "--", "python", "train.py", "--one-optimizer",
+        ok(teraio("profile", "-o", tmp_path / f"{name}.msgpack", "--", PYTHON, "train.py", "--one-optimizer",
                   "--steps", 10, *extra, cwd=tmp_path))
     assert (tmp_path / "checkpoint.pt").exists()
     plain, saving = load_trace(tmp_path / "plain.msgpack"), load_trace(tmp_path / "saving.msgpack")
@@ -121,7 +121,7 @@ def test_a_checkpoint_saved_in_the_profiled_iteration_does_not_become_the_trace(
 def test_a_script_that_never_steps_is_stopped_after_the_step_timeout(tmp_path):
     (tmp_path / "evaluate.py").write_text(FORWARD_ONLY)
     started = time.monotonic()
-    proc = teraio("profile", "--step-timeout", 5, "--", "python", "evaluate.py", cwd=tmp_path, timeout=400)
+    proc = teraio("profile", "--step-timeout", 5, "--", PYTHON, "evaluate.py", cwd=tmp_path, timeout=400)
     elapsed_s = time.monotonic() - started
     line = one_line_error(proc, 4)
     assert "no optimizer step was seen in 5 s" in line and "teraio_step()" in line and "--step-timeout" in line

@@ -18,7 +18,7 @@ import pytest
 from teraio.formats.plan import save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import CPU_ENV, ok, teraio
+from cli_helpers import CPU_ENV, PYTHON, ok, teraio
 from runtime_helpers import every_period_plan
 
 # Trains until stopped, 50 ms a step after step 3, when it writes its pid to READY; with
@@ -52,7 +52,7 @@ def job(tmp_path_factory):
     """The script and a plan that keeps swap files on the SSD tier at every step."""
     tmp = tmp_path_factory.mktemp("launch")
     (tmp / "train.py").write_text(SCRIPT)
-    ok(teraio("profile", "-o", tmp / "t.msgpack", "--", "python", tmp / "train.py", 8, tmp / "unused", cwd=tmp))
+    ok(teraio("profile", "-o", tmp / "t.msgpack", "--", PYTHON, tmp / "train.py", 8, tmp / "unused", cwd=tmp))
     trace = load_trace(tmp / "t.msgpack")
     plan = every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2)
     assert any(e.tier == "ssd" for e in plan.entries)
@@ -62,7 +62,7 @@ def job(tmp_path_factory):
 
 def run_args(job, tmp_path, *script_args) -> list[str]:
     return [sys.executable, "-m", "teraio", "run", "--plan", str(job / "plan.json"), "--ssd-dir",
-            str(tmp_path / "ssd"), "--report", str(tmp_path / "run.json"), "--", "python",
+            str(tmp_path / "ssd"), "--report", str(tmp_path / "run.json"), "--", PYTHON,
             str(job / "train.py"), "100000", str(tmp_path / "ready"), *script_args]
 
 

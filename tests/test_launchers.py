@@ -13,7 +13,7 @@ import pytest
 from teraio.formats.plan import save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import EXAMPLE, losses, ok, teraio
+from cli_helpers import EXAMPLE, PYTHON, losses, ok, teraio
 from runtime_helpers import every_period_plan
 
 ARGS = ("--device", "cpu", "--steps", "6")
@@ -46,7 +46,7 @@ def half_peak_plans(trace_paths, out_dir):
 def example_plan(tmp_path_factory):
     """A plan for the example run alone, at half its peak."""
     tmp = tmp_path_factory.mktemp("launchers")
-    ok(teraio("profile", "-o", tmp / "t.msgpack", "--", "python", EXAMPLE, *ARGS, cwd=tmp))
+    ok(teraio("profile", "-o", tmp / "t.msgpack", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp))
     half_peak_plans([tmp / "t.msgpack"], tmp)
     return tmp / "plan.json"
 
@@ -71,7 +71,7 @@ def test_a_shell_script_and_a_torch_import_without_ops_start_no_agent(example_pl
     """A launch script that asks torch for its version before it trains: that process runs
     no op, so it gets no agent (no line, no host pool, no report of its own)."""
     ok(teraio("run", "--plan", example_plan, "--report", tmp_path / "alone.json", "--ssd-dir", tmp_path / "ssd",
-              "--", "python", "-c", "import torch; print(torch.__version__)", cwd=tmp_path))
+              "--", PYTHON, "-c", "import torch; print(torch.__version__)", cwd=tmp_path))
     assert not (tmp_path / "alone.json").exists()
     script = (f'python -c "import torch; print(torch.__version__)" && '
               f'python {EXAMPLE} {" ".join(ARGS)} --losses-out {tmp_path / "l.json"}')
@@ -86,7 +86,7 @@ def compiled(tmp_path_factory):
     """The compiled script, profiled: the profile says it once too."""
     tmp = tmp_path_factory.mktemp("compiled")
     (tmp / "train.py").write_text(COMPILED_SCRIPT)
-    proc = ok(teraio("profile", "-o", tmp / "t.msgpack", "--", "python", tmp / "train.py", cwd=tmp))
+    proc = ok(teraio("profile", "-o", tmp / "t.msgpack", "--", PYTHON, tmp / "train.py", cwd=tmp))
     half_peak_plans([tmp / "t.msgpack"], tmp)
     return tmp, proc
 
@@ -94,7 +94,7 @@ def compiled(tmp_path_factory):
 def test_torch_compile_is_said_once_and_counted(compiled, tmp_path):
     tmp, profiled = compiled
     proc = ok(teraio("run", "--plan", tmp / "plan.json", "--report", tmp_path / "run.json", "--ssd-dir",
-                     tmp_path / "ssd", "--", "python", tmp / "train.py", cwd=tmp_path))
+                     tmp_path / "ssd", "--", PYTHON, tmp / "train.py", cwd=tmp_path))
     for out in (profiled.stderr, proc.stderr):
         said = [line for line in out.splitlines() if "runs eager under TeraIO" in line]
         assert len(said) == 1, out
@@ -106,7 +106,7 @@ def test_torch_compile_is_said_once_and_counted(compiled, tmp_path):
 def test_torch_compile_fails_the_job_with_strict(compiled, tmp_path):
     tmp, _ = compiled
     proc = teraio("run", "--plan", tmp / "plan.json", "--strict", "--ssd-dir", tmp_path / "ssd", "--",
-                  "python", tmp / "train.py", cwd=tmp_path)
+                  PYTHON, tmp / "train.py", cwd=tmp_path)
     assert proc.returncode != 0
     assert "torch.compile(Sequential) runs eager under TeraIO" in proc.stderr
     assert "stopping the job (--strict)" in proc.stderr

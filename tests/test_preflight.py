@@ -13,7 +13,7 @@ import pytest
 
 from teraio.formats.plan import save_plan
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import ROOT, one_line_error, teraio
+from cli_helpers import PYTHON, ROOT, one_line_error, teraio
 from runtime_helpers import every_period_plan
 
 TRACE = ROOT / "traces" / "cpu-tiny.msgpack"
@@ -31,7 +31,7 @@ def job(tmp_path):
 
 
 def run_job(job, *options):
-    return teraio("run", "--plan", job / "plan.json", *options, "--", "python", job / "train.py", cwd=job)
+    return teraio("run", "--plan", job / "plan.json", *options, "--", PYTHON, job / "train.py", cwd=job)
 
 
 def refused(proc, code: int, job) -> str:
@@ -104,6 +104,6 @@ def test_output_paths_that_are_folders(job):
     folder.mkdir()
     assert "is a folder" in refused(run_job(job, "--report", folder), 2, job)
     assert "is a folder" in one_line_error(teraio("plan", TRACE, "--gpu-mem", "1MiB", "-o", folder, cwd=job), 2)
-    line = refused(teraio("profile", "-o", folder, "--", "python", job / "train.py", cwd=job), 2, job)
+    line = refused(teraio("profile", "-o", folder, "--", PYTHON, job / "train.py", cwd=job), 2, job)
     assert "is a folder" in line
     assert list(folder.iterdir()) == []

@@ -7,7 +7,7 @@ import pytest
 from teraio.formats.trace import Kind, load_trace
 from teraio.walk import OpWalk, WalkListener, activate, deactivate, op_signatures
 from teraio_profile.recorder import IMMORTAL_KINDS, NOT_FREED, TraceRecorder
-from cli_helpers import EXAMPLE, ok, one_line_error, teraio
+from cli_helpers import EXAMPLE, PYTHON, ok, one_line_error, teraio
 
 EXAMPLE_ARGS = ("--device", "cpu", "--steps", "6")
 
@@ -15,7 +15,7 @@ EXAMPLE_ARGS = ("--device", "cpu", "--steps", "6")
 @pytest.fixture(scope="module")
 def trace_path(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profile")
-    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", "python", EXAMPLE, *EXAMPLE_ARGS, cwd=tmp))
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", PYTHON, EXAMPLE, *EXAMPLE_ARGS, cwd=tmp))
     return tmp / "trace.msgpack"
 
 
@@ -44,7 +44,7 @@ def test_lifetimes_are_consistent(trace_path):
 
 
 def test_ids_are_stable_across_profiles(trace_path, tmp_path):
-    ok(teraio("profile", "-o", tmp_path / "again.msgpack", "--", "python", EXAMPLE, *EXAMPLE_ARGS, cwd=tmp_path))
+    ok(teraio("profile", "-o", tmp_path / "again.msgpack", "--", PYTHON, EXAMPLE, *EXAMPLE_ARGS, cwd=tmp_path))
     first, second = load_trace(trace_path), load_trace(tmp_path / "again.msgpack")
     assert first.header.op_digest == second.header.op_digest
     assert first.tensor_id == second.tensor_id
@@ -95,7 +95,7 @@ def test_script_without_optimizer_step(tmp_path):
 
 
 def test_too_few_steps_says_how_many(tmp_path):
-    proc = teraio("profile", "--iterations", "5", "--", "python", EXAMPLE, *EXAMPLE_ARGS,
+    proc = teraio("profile", "--iterations", "5", "--", PYTHON, EXAMPLE, *EXAMPLE_ARGS,
                   cwd=tmp_path)
     assert "after 6 iteration(s), but the profile needs at least 8" in one_line_error(proc, 4)
 
@@ -110,7 +110,7 @@ def test_failed_profile_keeps_the_previous_trace(trace_path, tmp_path):
 
 
 def test_unwritable_output_folder(tmp_path):
-    proc = teraio("profile", "-o", tmp_path / "missing" / "t.msgpack", "--", "python", EXAMPLE, cwd=tmp_path)
+    proc = teraio("profile", "-o", tmp_path / "missing" / "t.msgpack", "--", PYTHON, EXAMPLE, cwd=tmp_path)
     assert "does not exist" in one_line_error(proc, 2)
 
 

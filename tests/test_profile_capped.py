@@ -13,7 +13,7 @@ import pytest
 
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
 from teraio_plan.make import make_plan, planner_inputs
-from cli_helpers import EXAMPLE, ok, one_line_error, teraio
+from cli_helpers import EXAMPLE, PYTHON, ok, one_line_error, teraio
 from test_clients import CLIENTS, run_plain
 
 JOBS = {
@@ -23,7 +23,7 @@ JOBS = {
 
 
 def _profile(work, name, *options):
-    return ok(teraio("profile", "-o", work / f"{name}.msgpack", *options, "--", "python", *JOBS[name], cwd=work))
+    return ok(teraio("profile", "-o", work / f"{name}.msgpack", *options, "--", PYTHON, *JOBS[name], cwd=work))
 
 
 @pytest.fixture(scope="module", params=sorted(JOBS))
@@ -34,7 +34,7 @@ def profiled(request, tmp_path_factory):
     full = load_trace(work / f"{name}.msgpack")
     cap_bytes = int(live_bytes_per_kernel(full).max()) // 3
     proc = ok(teraio("profile", "-o", work / "capped.msgpack", "--gpu-mem", cap_bytes, "--host-mem", "64MiB",
-                     "--ssd-dir", work / "ssd", "--", "python", *JOBS[name], cwd=work))
+                     "--ssd-dir", work / "ssd", "--", PYTHON, *JOBS[name], cwd=work))
     return full, load_trace(work / "capped.msgpack"), cap_bytes, proc.stderr
 
 
@@ -66,7 +66,7 @@ def test_the_planner_makes_the_same_entries_from_both_traces_kernel_times_aside(
 
 def test_the_job_trains_exactly_while_profiled_under_a_cap(tmp_path):
     cap_args = ("--gpu-mem", "2MiB", "--host-mem", "64MiB", "--run-to-completion")
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", *cap_args, "--", "python", *JOBS["hf_llama"],
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", *cap_args, "--", PYTHON, *JOBS["hf_llama"],
               "--losses-out", "capped.json", cwd=tmp_path))
     run_plain(tmp_path, "hf_llama.py", "--steps", 6, "--accum", 2, "--losses-out", "plain.json")
     assert json.loads((tmp_path / "capped.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
@@ -74,5 +74,5 @@ def test_the_job_trains_exactly_while_profiled_under_a_cap(tmp_path):
 
 
 def test_pool_options_without_a_cap_are_refused_with_one_line(tmp_path):
-    proc = teraio("profile", "--host-mem", "1GiB", "--", "python", *JOBS["example"], cwd=tmp_path)
+    proc = teraio("profile", "--host-mem", "1GiB", "--", PYTHON, *JOBS["example"], cwd=tmp_path)
     assert "give --gpu-mem too" in one_line_error(proc, 2)

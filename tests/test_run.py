@@ -13,7 +13,7 @@ import torch
 from teraio.formats.plan import load_plan, save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import EXAMPLE, example, losses, ok, one_line_error, teraio
+from cli_helpers import EXAMPLE, PYTHON, example, losses, ok, one_line_error, teraio
 from runtime_helpers import every_period_plan
 
 ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
@@ -23,7 +23,7 @@ ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
 def work(tmp_path_factory):
     """One profile and one plain run of the example, shared by the tests here."""
     tmp = tmp_path_factory.mktemp("run")
-    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", "python", EXAMPLE, *ARGS, cwd=tmp))
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp))
     ok(example(*ARGS[2:], "--losses-out", tmp / "plain.json", "--state-out", tmp / "plain.pt",
                "--checkpoint-at", 4, "--checkpoint-out", tmp / "plain_ckpt.pt", cwd=tmp))
     return tmp
@@ -36,7 +36,7 @@ def peak_bytes(trace) -> int:
 def run_example(work, tmp_path, plan, *extra):
     report = tmp_path / "run.json"
     proc = teraio("run", "--plan", plan, "--ssd-dir", tmp_path / "ssd", "--report", report, *extra, "--",
-                  "python", EXAMPLE, *ARGS, "--losses-out", tmp_path / "losses.json", "--state-out",
+                  PYTHON, EXAMPLE, *ARGS, "--losses-out", tmp_path / "losses.json", "--state-out",
                   tmp_path / "state.pt", "--checkpoint-at", 4, "--checkpoint-out", tmp_path / "ckpt.pt",
                   cwd=tmp_path)
     ok(proc)
@@ -130,7 +130,7 @@ def test_empty_plan_leaves_the_job_untouched(work, tmp_path):
 
 def test_plan_of_another_job_is_refused_and_training_stays_correct(work, tmp_path):
     other = tmp_path / "other.msgpack"
-    ok(teraio("profile", "-o", other, "--", "python", EXAMPLE, "--device", "cpu", "--layers", 3, cwd=tmp_path))
+    ok(teraio("profile", "-o", other, "--", PYTHON, EXAMPLE, "--device", "cpu", "--layers", 3, cwd=tmp_path))
     plan = every_period_plan(load_trace(other), budget_bytes=peak_bytes(load_trace(other)) // 2)
     save_plan(plan, tmp_path / "plan.json")
     proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
@@ -179,7 +179,7 @@ def test_two_rank_torchrun_with_per_rank_plans(tmp_path):
 
 
 def test_missing_plan_is_one_clear_line(tmp_path):
-    proc = teraio("run", "--plan", tmp_path / "nope.json", "--", "python", EXAMPLE, cwd=tmp_path)
+    proc = teraio("run", "--plan", tmp_path / "nope.json", "--", PYTHON, EXAMPLE, cwd=tmp_path)
     assert "does not exist" in one_line_error(proc, 3)
 
 
@@ -189,7 +189,7 @@ def test_plan_for_another_rank_is_refused(work, tmp_path):
     plan = plan.model_copy(update={"header": plan.header.model_copy(
         update={"trace": plan.header.trace.model_copy(update={"rank": 1, "world_size": 2})})})
     save_plan(plan, tmp_path / "plan.json")
-    proc = teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--", "python", EXAMPLE, *ARGS, cwd=tmp_path)
+    proc = teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp_path)
     assert proc.returncode != 0 and "made for rank 1 of 2" in proc.stderr
 
 
@@ -201,7 +201,7 @@ def test_planned_iterations_run_the_plan_without_evicting(work, tmp_path):
     ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", int(peak_bytes(trace) * 0.9), "--ssds", 1,
               "--host-mem", peak_bytes(trace), "-o", tmp_path / "plan.json", cwd=tmp_path))
     ok(teraio("run", "--plan", tmp_path / "plan.json", "--report", tmp_path / "run.json", "--ssd-dir",
-              tmp_path / "ssd", "--", "python", EXAMPLE, *ARGS, cwd=tmp_path))
+              tmp_path / "ssd", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp_path))
     rows = load_report(tmp_path / "run.json").per_iteration
     planned = [row for row in rows[:-1] if row.followed_plan]  # the last one ends in the job's tail
     assert len(planned) >= 3

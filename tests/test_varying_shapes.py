@@ -14,7 +14,7 @@ import json
 import pytest
 
 from teraio.formats.trace import load_trace
-from cli_helpers import ok, teraio
+from cli_helpers import PYTHON, ok, teraio
 from runtime_helpers import assert_mostly_on_plan_within_budget, plan_at_half_peak
 from test_clients import CLIENTS, run_plain, run_planned
 
@@ -25,7 +25,7 @@ STEPS = 10
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     work = tmp_path_factory.mktemp("varying")
-    proc = ok(teraio("profile", "-o", work / "t.msgpack", "--", "python", CLIENTS / "hf_llama.py",
+    proc = ok(teraio("profile", "-o", work / "t.msgpack", "--", PYTHON, CLIENTS / "hf_llama.py",
                      "--steps", STEPS, *ARGS, cwd=work))
     run_plain(work, "hf_llama.py", "--steps", STEPS, *ARGS, "--losses-out", "plain.json")
     return work, proc.stderr
