@@ -57,6 +57,7 @@ dynamic padding) are sampled fairly; more --iterations compare more candidates. 
 shapes do not vary record exactly as before (one window, `iterations` timed).
 """
 
+import gc
 import time
 import weakref
 from collections import Counter
@@ -159,6 +160,7 @@ class TraceRecorder(WalkListener):
         # Note [Profiling under a cap] (teraio_run/capped_profile.py), set by the agent
         self.released_bytes = lambda: 0              # device bytes moved out now
         self.rescale_kernel_times = True             # Note [Kernel time under the profiler]
+        self._paused_gc = False                      # Note [Deaths in reference cycles]
         self.op_waited = False                       # the current op waited for an input to come back
         self._reset_window()
 
@@ -297,8 +299,26 @@ class TraceRecorder(WalkListener):
         self._iteration_t0 = self._step_t0 = time.perf_counter()
         self.iteration = iteration + 1
         self.finished = self.window is not None and self.iteration >= self.window + self.span
+        self._collect_cycles_at_boundaries()
         if self.finished and self.varying:
             self._keep_largest()
+
+    def _collect_cycles_at_boundaries(self) -> None:
+        """Note [Deaths in reference cycles]: a storage held only by a reference cycle dies when
+        the garbage collector runs, and when it runs depends on how many Python objects the
+        process made: anything else in the job (the budget keeper of a capped profile, a
+        logger) moves those deaths to other ops. While iterations are recorded the collector
+        runs at iteration boundaries only, so such deaths land at the same op in every run
+        (the next iteration's first); the automatic collector is back once recording ends."""
+        if self.recording and not self.finished:
+            if gc.isenabled():
+                gc.disable()
+                self._paused_gc = True
+            gc.collect()
+        elif self._paused_gc:  # never turns on a collector the job turned off itself
+            gc.collect()
+            gc.enable()
+            self._paused_gc = False
 
     @property
     def steps_per_iteration(self) -> int:
