@@ -65,12 +65,12 @@ def test_the_planner_makes_the_same_entries_from_both_traces_kernel_times_aside(
 
 
 def test_the_job_trains_exactly_while_profiled_under_a_cap(tmp_path):
-    cap_args = ("--gpu-mem", "2MiB", "--host-mem", "64MiB", "--run-to-completion")
+    cap_args = ("--gpu-mem", "2MiB", "--host-mem", "64MiB", "--ssd-dir", tmp_path / "ssd", "--run-to-completion")
     ok(teraio("profile", "-o", tmp_path / "t.msgpack", *cap_args, "--", PYTHON, *JOBS["hf_llama"],
               "--losses-out", "capped.json", cwd=tmp_path))
     run_plain(tmp_path, "hf_llama.py", "--steps", 6, "--accum", 2, "--losses-out", "plain.json")
     assert json.loads((tmp_path / "capped.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
-    assert not (tmp_path / "ssd").exists() or not any((tmp_path / "ssd").iterdir())
+    assert (tmp_path / "ssd").is_dir() and not any((tmp_path / "ssd").iterdir())  # swap folder made, then removed
 
 
 def test_pool_options_without_a_cap_are_refused_with_one_line(tmp_path):
