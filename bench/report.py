@@ -191,12 +191,13 @@ def group_table(results):
     if demand_peak:
         lines += ["", f"No ideal run fits this device: ratios are of the profiled trace's uncapped peak "
                       f"({gib(demand_peak)} GiB) to the cap."]
-    lines += ([""] + speedups(chosen, caps, ideal) + link_bounds(chosen, caps, ideal)
-              + teraio_details(chosen, caps, ideal) + provenance(chosen))
+    peak = (ideal and ideal["metrics"].get("peak_device_bytes")) or demand_peak
+    lines += ([""] + speedups(chosen, caps, peak) + link_bounds(chosen, caps, ideal)
+              + teraio_details(chosen, caps, peak) + provenance(chosen))
     return lines, points
 
 
-def teraio_details(chosen, caps, ideal):
+def teraio_details(chosen, caps, ideal_peak):
     """Where a teraio run's time went: the plan's prediction (the simulator replaying the trace
     with the plan at the given bandwidths) and the trace's kernel time alone (unlimited
     bandwidth, no host time) against the measured step, stalls, traffic and the host time in the walk."""
@@ -205,7 +206,6 @@ def teraio_details(chosen, caps, ideal):
             and chosen[(system, cap)]["metrics"].get("teraio")]
     if not rows:
         return []
-    ideal_peak = ideal and ideal["metrics"].get("peak_device_bytes")
     lines = ["TeraIO runs in detail (measured iterations: those after warm-up; stalls by cause over the whole run):", "",
              "| System | Ratio | Step ms measured | Predicted | Kernels alone | Stall ms/step | Stalls by cause (run) "
              "| Moved out GB/step | Achieved GB/s | Copy busy ms/step | Walk+agent host ms/step | Evictions on plan "
@@ -231,14 +231,14 @@ def teraio_details(chosen, caps, ideal):
     return lines + [""]
 
 
-def speedups(chosen, caps, ideal):
+def speedups(chosen, caps, ideal_peak):
     """One line per TeraIO system and ratio: its speed-up over every ZeRO variant that ran."""
     lines = []
     for cap, system in ((cap, system) for cap in caps for system in ("teraio_mixed", "teraio_host")):
         ours = chosen.get((system, cap))
         if not ours or ours["status"] != "ok":
             continue
-        ratio = ratio_text(cap, ideal and ideal["metrics"].get("peak_device_bytes"))
+        ratio = ratio_text(cap, ideal_peak)
         rivals = sorted({s for (s, c) in chosen if c == cap and s.startswith("zero_")} | {"zero_offload", "zero_infinity"})
         ran = [r for r in rivals if chosen.get((r, cap)) and chosen[(r, cap)]["status"] == "ok"]
         figures = [f"{ours['metrics']['tokens_per_s'] / chosen[(r, cap)]['metrics']['tokens_per_s']:.2f}x {r}"
