@@ -5,7 +5,8 @@
 # losses compared bit for bit. Results land flat in $OUT (at most 8 files come back).
 # Device tool: carry [".whl"], command `TERAIO_COMMIT=<sha> bash bench/gpu_teraio.sh`;
 # CHECK_PLAIN_TWICE=1 also checks that two plain runs agree (they do with --deterministic);
-# GPU_TESTS=1 first runs tests/test_gpu.py (pytest is on the machine).
+# GPU_TESTS=1 first runs tests/test_gpu.py (pytest is on the machine). Varying shapes (issue 13):
+#   EXTRA_ARGS="--min-seq 1024 --accum 2" PROFILE_ITERS=4 STEPS=10 SHARES=50 bash bench/gpu_teraio.sh
 set -u
 OUT=${OUT:-/tmp/teraio-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_teraio.log") 2>&1
@@ -19,7 +20,7 @@ if [[ -n ${GPU_TESTS:-} ]]; then  # the tests only a GPU can run (tests/test_gpu
   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15
 fi
 EX=teraio/examples/train_gpt.py
-ARGS="--preset 1b --autocast bf16 --deterministic --steps ${STEPS:-6} --log-every 1"
+ARGS="--preset 1b --autocast bf16 --deterministic --steps ${STEPS:-6} --log-every 1 ${EXTRA_ARGS:-}"
 SWAP=/tmp/teraio-swap
 TMP=/tmp/teraio-losses; mkdir -p $TMP
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
@@ -31,7 +32,7 @@ if [[ -n ${CHECK_PLAIN_TWICE:-} ]]; then
   cmp $TMP/plain.json $TMP/plain2.json && echo "plain runs identical" || echo "PLAIN RUNS DIFFER"
 fi
 step "profile"
-timeout 150 python3 -m teraio profile -o "$TMP/trace_1b.msgpack" --warmup 2 --iterations 2 -- python3 $EX $ARGS
+timeout 150 python3 -m teraio profile -o "$TMP/trace_1b.msgpack" --warmup 2 --iterations ${PROFILE_ITERS:-2} -- python3 $EX $ARGS
 python3 -m teraio inspect "$TMP/trace_1b.msgpack" --json > "$OUT/trace_stats.json" || exit 1
 PEAK=$(python3 -c "import json; print(json.load(open('$OUT/trace_stats.json'))['peak_bytes'])")
 for SHARE in ${SHARES:-50 75}; do
@@ -46,4 +47,5 @@ for SHARE in ${SHARES:-50 75}; do
   step "twin-run check, ${SHARE}%"
   python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); print(\"plain  \", a); print(\"teraio \", b)" $TMP/plain.json $TMP/run_$SHARE.json
   cmp $TMP/plain.json $TMP/run_$SHARE.json && echo "losses identical" || echo "LOSSES DIFFER"
+  python3 -m teraio inspect "$OUT/run_$SHARE.json" 2>&1 | tail -25
 done
