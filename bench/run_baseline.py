@@ -296,7 +296,7 @@ def train(args, info, metrics):
     if args.deterministic:
         from teraio.examples.train_gpt import make_deterministic
 
-        make_deterministic()
+        make_deterministic(bf16_attention=args.dtype == "bf16")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = not args.no_tf32
         torch.backends.cudnn.allow_tf32 = not args.no_tf32
