@@ -14,7 +14,7 @@
 #   IDEAL_PEAK=<bytes> PROFILE_CAPS="1 2" bash bench/gpu_baselines.sh capped  # profiled under caps, planned and run at 2x
 #     (REF_TRACE=<uncapped trace> compares a later call's traces with an earlier one's)
 #   bash bench/gpu_baselines.sh big          # the ~8B model that does not fit: plain, profiled under a cap, 2 plans
-#     (BIG_DTYPE=bf16 BIG_DETERMINISTIC=1 BIG_STEPS=10 BIG_MIXED_STEPS=2: the losses compare;
+#     (BIG_DETERMINISTIC=1 BIG_STEPS=10 BIG_MIXED_STEPS=2: the losses compare;
 #     the mixed plan's pool leaves BIG_DISK_GIB, default 4, for the disk unless BIG_MIXED_POOL is given)
 # CAPS="2 4" and TIERS="host mixed ssd" (teraio) pick the rows. GPU_TESTS=1 (teraio, pair)
 # first runs tests/test_gpu.py; PROFILE_RUN=1 (teraio) ends with a cProfile'd teraio_host run
@@ -178,8 +178,7 @@ if [[ $MODE == big ]]; then
     # profiled under BIG_CAP (the device's own capacity less a margin) with a BIG_POOL host pool,
     # planned with the pool and the disk (mixed) and with a larger pool alone (host), both run:
     # losses compared between the two plans.
-    # BIG_DTYPE=bf16 BIG_DETERMINISTIC=1: bf16 autocast with deterministic kernels (fp32 attention
-    # has none that fits: bench/sdpa_determinism.py), so the two plans' losses compare bit for bit.
+    # BIG_DETERMINISTIC=1: deterministic kernels, so the two plans' losses compare bit for bit.
     MODEL=(--layers 32 --dim 4096 --heads 32 --ffn 14336 --vocab 128256 --seq 2048 --batch ${BIG_BATCH:-4}
            --dtype ${BIG_DTYPE:-fp32} --warmup ${BIG_WARMUP:-1} --steps ${BIG_STEPS:-5}
            ${BIG_DETERMINISTIC:+--deterministic})

@@ -55,7 +55,7 @@ def parse_args(argv=None):
                    help="fp32: fp32 weights and math (TF32 matmuls unless --no-tf32); bf16: bf16 autocast")
     p.add_argument("--no-tf32", action="store_true", help="full fp32 matmuls on CUDA")
     p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels (math attention: more memory), so systems' losses compare bit for bit")
+                   help="deterministic kernels, so systems' losses compare bit for bit")
     p.add_argument("--gpu-mem", help="per-process device memory cap, e.g. 50GiB (set_per_process_memory_fraction)")
     p.add_argument("--warmup", type=int, default=3, help="steps run before measuring")
     p.add_argument("--steps", type=int, default=10, help="measured steps")
@@ -296,7 +296,7 @@ def train(args, info, metrics):
     if args.deterministic:
         from teraio.examples.train_gpt import make_deterministic
 
-        make_deterministic(bf16_attention=args.dtype == "bf16")
+        make_deterministic()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = not args.no_tf32
         torch.backends.cudnn.allow_tf32 = not args.no_tf32

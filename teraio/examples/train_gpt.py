@@ -215,7 +215,7 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
-                   help="deterministic CUDA kernels (math attention in fp32), for bit-exact twin runs on a GPU")
+                   help="deterministic CUDA kernels, for bit-exact twin runs on a GPU")
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--losses-out", help="write the per-step losses as a JSON list (rank 0)")
     p.add_argument("--checkpoint-at", type=int, help="save model+optimizer after this step")
@@ -266,18 +266,16 @@ def peak_memory_text(device):
     return f"peak_host_rss_gib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}"
 
 
-def make_deterministic(bf16_attention: bool = False) -> None:
+def make_deterministic() -> None:
     """Kernels that give the same bits run after run, so two runs can be compared exactly.
 
-    Flash and cuDNN attention accumulate their backward with atomics; so does the memory-efficient
-    kernel on fp32 inputs, but not on bf16 ones under deterministic algorithms (measured on the
-    H200 by bench/sdpa_determinism.py, 2026-12-01). bf16 attention keeps that kernel: the math
-    path saves every attention probability, too much memory for the large presets."""
+    Strict mode, not warn_only: PyTorch's fused attention backward passes (flash, memory-efficient)
+    accumulate with atomics unless determinism is enforced, then they do not; cuDNN attention has
+    no deterministic kernel (bench/sdpa_determinism.py on the H200, 2026-12-01). The math path,
+    deterministic either way, saves every attention probability: too much memory for large presets."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.enable_flash_sdp(False)
+    torch.use_deterministic_algorithms(True)
     torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(bf16_attention)
 
 
 def main(argv=None):
@@ -287,7 +285,7 @@ def main(argv=None):
         print(f"{count_params(cfg):,}")
         return
     if args.deterministic:
-        make_deterministic(bf16_attention=args.autocast == "bf16")
+        make_deterministic()
     device, rank, world = setup_device(args.device)
     torch.manual_seed(args.seed)
     model = build_model(cfg, device)
