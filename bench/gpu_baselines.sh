@@ -13,6 +13,7 @@
 #   MODEL_ARGS="--preset 3b --dtype bf16" bash bench/gpu_baselines.sh pair  # ideal, teraio_host, ZeRO-Offload+ckpt at 2x
 #   IDEAL_PEAK=<bytes> PROFILE_CAPS="1 2" bash bench/gpu_baselines.sh capped  # profiled under caps, planned and run at 2x
 #     (REF_TRACE=<uncapped trace> compares a later call's traces with an earlier one's)
+#   bash bench/gpu_baselines.sh bigbase      # ZeRO-Offload + checkpointing and ZeRO-Infinity on that model
 #   bash bench/gpu_baselines.sh big          # the ~8B model that does not fit: plain, profiled under a cap, 2 plans
 #     (BIG_DETERMINISTIC=1 BIG_STEPS=10 BIG_MIXED_STEPS=2: the losses compare;
 #     the mixed plan's pool leaves BIG_DISK_GIB, default 4, for the disk unless BIG_MIXED_POOL is given)
@@ -172,17 +173,35 @@ if [[ $MODE == capped ]]; then
     exit 0
 fi
 
-if [[ $MODE == big ]]; then
-    # A model bigger than the H200: the example's code in the Llama-3-8B shape (8.84B params, fp32
-    # weights and AdamW, TF32) at batch BIG_BATCH x 2048. Plain (expected out of memory), then
-    # profiled under BIG_CAP (the device's own capacity less a margin) with a BIG_POOL host pool,
-    # planned with the pool and the disk (mixed) and with a larger pool alone (host), both run:
-    # losses compared between the two plans.
-    # BIG_DETERMINISTIC=1: deterministic kernels, so the two plans' losses compare bit for bit.
+# The ~8B model of modes big and bigbase: the example's code in the Llama-3-8B shape (8.84B params,
+# fp32 weights and AdamW, TF32) at batch BIG_BATCH x 2048, capped at BIG_CAP (the device's own
+# capacity less a margin). BIG_DETERMINISTIC=1: deterministic kernels, so losses compare bit for bit.
+if [[ $MODE == big || $MODE == bigbase ]]; then
     MODEL=(--layers 32 --dim 4096 --heads 32 --ffn 14336 --vocab 128256 --seq 2048 --batch ${BIG_BATCH:-4}
            --dtype ${BIG_DTYPE:-fp32} --warmup ${BIG_WARMUP:-1} --steps ${BIG_STEPS:-5}
            ${BIG_DETERMINISTIC:+--deterministic})
     CAP=${BIG_CAP:-$((132 * 2**30))}
+fi
+
+if [[ $MODE == bigbase ]]; then
+    # ZeRO-Offload with checkpointing and ZeRO-Infinity on the 8B, where they fail: say why.
+    for f in .whl/libaio/*.deb; do dpkg -x "$f" /tmp/libaio; done
+    export CPATH=/tmp/libaio/usr/include LIBRARY_PATH=/tmp/libaio/usr/lib/x86_64-linux-gnu
+    export LD_LIBRARY_PATH=$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    build_ops AsyncIOBuilder CPUAdamBuilder
+    free -g; df -h /tmp
+    run zero_offload ${BIG_ZERO_S:-240} --act-ckpt --gpu-mem $CAP --label "8B at batch ${BIG_BATCH:-4}"
+    run zero_infinity ${BIG_INFINITY_S:-240} --act-ckpt --gpu-mem $CAP --label "8B at batch ${BIG_BATCH:-4}" \
+        --nvme-dir /tmp/ds_nvme
+    rm -rf /tmp/ds_nvme
+    echo "done at $((SECONDS - START)) s"
+    exit 0
+fi
+
+if [[ $MODE == big ]]; then
+    # A model bigger than the H200: plain (expected out of memory), then profiled under BIG_CAP
+    # with a BIG_POOL host pool, planned with the pool and the disk (mixed) and with a larger
+    # pool alone (host), both run: losses compared between the two plans.
     [[ ${BIG_PLAIN:-1} == 1 ]] && run ideal 90 --label "does it fit uncapped?"
     TRACE=$OUT/trace_8b.msgpack
     echo; echo "=== profile under $CAP bytes (at $((SECONDS - START)) s)"
