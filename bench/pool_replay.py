@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from teraio.formats.plan import load_plan  # noqa: E402
 from teraio.units import parse_size  # noqa: E402
-from teraio_run.tiers import FirstFitSlots  # noqa: E402
+from teraio_run.tiers import PoolSlots  # noqa: E402
 
 
 def slot_events(entries, num_kernels: int, iterations: int):
@@ -31,9 +31,9 @@ def slot_events(entries, num_kernels: int, iterations: int):
     return sorted(events)
 
 
-def replay(plan, pool_bytes: int, iterations: int) -> tuple[FirstFitSlots, list[int]]:
+def replay(plan, pool_bytes: int, iterations: int) -> tuple[PoolSlots, list[int]]:
     entries = [e for e in plan.entries if e.tier == "host"]
-    slots, held, failed = FirstFitSlots(pool_bytes), {}, []
+    slots, held, failed = PoolSlots(pool_bytes), {}, []
     for _, take, i, it in slot_events(entries, plan.header.trace.num_kernels, iterations):
         nbytes = entries[i].nbytes
         if take:

@@ -160,10 +160,24 @@ def _op_name(func) -> str:
     return name
 
 
+SIGNATURE_MEMO_ENTRIES = 1 << 16   # distinct (op, output shapes) kept; shapes that vary can make many
+
+_signatures: dict = {}
+_structures: dict = {}
+
+
 def op_signature(func, out_tensors: list) -> int:
-    """crc32 of the op name and its output shapes: what the guard compares per kernel."""
-    shapes = [tuple(t.shape) for t in out_tensors]
-    return zlib.crc32(f"{_op_name(func)}|{shapes}".encode())
+    """crc32 of the op name and its output shapes: what the guard compares per kernel.
+    Memoized by (op, shapes): formatting and hashing the text cost ~5 us, once per op."""
+    key = (func, *[t.shape for t in out_tensors])
+    crc = _signatures.get(key)
+    if crc is None:
+        shapes = [tuple(t.shape) for t in out_tensors]
+        crc = zlib.crc32(f"{_op_name(func)}|{shapes}".encode())
+        if len(_signatures) >= SIGNATURE_MEMO_ENTRIES:
+            _signatures.clear()
+        _signatures[key] = crc
+    return crc
 
 
 def op_structure(func, out_tensors: list) -> int:
@@ -171,7 +185,11 @@ def op_structure(func, out_tensors: list) -> int:
     guard compares when shapes vary (Note [When the plan is followed] in teraio_run/agent.py).
     Rank and dtype tell a different code path (a broadcast, a cast) from another batch size."""
     outs = [(t.dtype, t.dim()) for t in out_tensors]
-    return zlib.crc32(f"{_op_name(func)}|{outs}".encode())
+    key = (func, *outs)
+    crc = _structures.get(key)
+    if crc is None:
+        crc = _structures[key] = zlib.crc32(f"{_op_name(func)}|{outs}".encode())
+    return crc
 
 
 def op_signatures(func, out_tensors: list) -> tuple[int, int]:

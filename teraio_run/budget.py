@@ -17,6 +17,7 @@ from teraio.formats.trace import Kind
 from teraio.walk import OOM_RETRIES, cuda_allocated_bytes
 from teraio_run.engine import MOVABLE_KINDS
 
+MAX_CHECKS_SKIPPED = 64   # Note [Bounding the check]: an exact count at least this often
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
                       # room for the next op's outputs (on CUDA the cap is hard)
 
@@ -33,9 +34,13 @@ class BudgetKeeper:
         self.peak_bytes = 0
         self.grew = False                    # a prefetch or restore since the last budget check
         self._ddp = None                     # whether the model is wrapped in DDP, known at the first gradient
-        # Note [Bounding the CPU check]: live bytes at the last exact sum, and walk.created_bytes then
-        self._live_at_sum = 0
-        self._created_at_sum = 0
+        # Note [Bounding the check]: resident bytes at the last exact count, and the running
+        # totals of bytes made and brought back then
+        self._resident_at_count = 0
+        self._created_at_count = 0
+        self._restored_at_count = 0
+        self._released_at_count = 0
+        self._checks_skipped = 0
 
     # ----- per op ---------------------------------------------------------------------------
     def restore_inputs(self, inputs, cause: str) -> bool:
@@ -117,30 +122,45 @@ class BudgetKeeper:
 
     # ----- memory ---------------------------------------------------------------------------
     def resident_bytes(self) -> int:
+        engine = self.engine
+        self._created_at_count = self.walk.created_bytes
+        self._restored_at_count, self._released_at_count = engine.restored_bytes, engine.released_bytes
+        self._checks_skipped = 0
         if self.cuda:
             # The allocator stops counting a block as allocated when it is freed, also one a
             # side-stream copy still reads (record_stream); until that copy is done the block
             # still counts against the cap (Note [Out of memory]).
-            return cuda_allocated_bytes()
+            self._resident_at_count = cuda_allocated_bytes()
+            return self._resident_at_count
         # Straight to the C check: StorageWeakRef.expired() goes through two Python layers,
         # and this sum runs after most ops of a CPU rehearsal.
         expired = torch.UntypedStorage._expired
         live = sum(r.nbytes for r in self.walk.records.values() if not expired(r.ref.cdata))
-        self._live_at_sum, self._created_at_sum = live, self.walk.created_bytes
-        return live - self.engine.offloaded_now
+        self._resident_at_count = live - self.engine.offloaded_now
+        return self._resident_at_count
 
     def _resident_at_most(self) -> int:
-        """Note [Bounding the CPU check]: the exact count on the CPU sums every record (60-69%
-        of the walk and agent's time on a 12-layer job: bench/host_cost.py). Storages only
-        add bytes when they are made, and the walk counts those; deaths only take bytes away.
-        So the last exact sum plus what was made since, less what is out now, bounds the
-        resident bytes from above: while that bound is within the budget and the peak seen,
-        nothing can be over either, and the sum is skipped."""
-        made_since = self.walk.created_bytes - self._created_at_sum
-        return self._live_at_sum + made_since - self.engine.offloaded_now
+        """Note [Bounding the check]: the exact count costs a sum over every record on the CPU
+        (60-69% of the walk and agent's time on a 12-layer job: bench/host_cost.py) and a call
+        that builds the allocator's ~120 statistics into Python dicts on CUDA, once per op.
+        Resident bytes grow only by storages made (the walk counts their bytes) and storages
+        brought back (the engine counts those); deaths and releases only take bytes away. So
+        the last exact count plus what was made and brought back since (less what was released,
+        on the CPU) bounds them from above:
+        while that bound is within the budget and the peak seen, neither can be exceeded, and
+        the count is skipped. Growth the walk does not see (a storage resized in place, memory
+        taken outside ATen) is caught by a count at least every MAX_CHECKS_SKIPPED ops, and on
+        CUDA by the out-of-memory relief (the cap is the allocator's)."""
+        made = self.walk.created_bytes - self._created_at_count
+        restored = self.engine.restored_bytes - self._restored_at_count
+        # On the CPU a release frees at once; on CUDA the block counts until its copy is done.
+        released = 0 if self.cuda else self.engine.released_bytes - self._released_at_count
+        return self._resident_at_count + made + restored - released
 
     def _keep_budget(self, in_use) -> None:
-        if not self.cuda and self._resident_at_most() <= min(self.peak_bytes, self.budget_bytes or self.peak_bytes):
+        if (self._checks_skipped < MAX_CHECKS_SKIPPED
+                and self._resident_at_most() <= min(self.peak_bytes, self.budget_bytes or self.peak_bytes)):
+            self._checks_skipped += 1
             return
         resident = self.resident_bytes()
         if resident > self.budget_bytes > 0 and self.engine.copying_out:

@@ -35,7 +35,7 @@ import torch
 
 from teraio.errors import TeraioError
 from teraio.formats.trace import Kind
-from teraio_run.tiers import CopyFailed, Transfer
+from teraio_run.tiers import CopyFailed, Tier, Transfer
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
 LOST = "lost"
@@ -46,7 +46,7 @@ MOVABLE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activ
 class Moved:
     """Engine state of one storage that has left (or is leaving) device memory."""
 
-    tier: object
+    tier: Tier
     slot: int
     nbytes: int
     state: str
@@ -110,12 +110,14 @@ class PathMeter:
 
 
 class MigrationEngine:
-    def __init__(self, host_tier, ssd_tier, cuda: bool):
+    def __init__(self, host_tier: Tier | None, ssd_tier: Tier | None, cuda: bool):
         self.tiers = {"host": host_tier, "ssd": ssd_tier}
         self.cuda = cuda
         self.moved: dict[int, Moved] = {}   # storage key -> state, for storages not plainly resident
         self.stats = Stats()
         self.offloaded_now = 0              # device bytes currently released by us
+        self.restored_bytes = 0             # device bytes re-allocated to bring storages back, ever
+        self.released_bytes = 0             # device bytes released by copies out, ever
         self.releasing: deque[Moved] = deque()  # back on the device, slot still read by a stream copy
         self.copying_out: dict[int, Moved] = {}  # OFFLOADING: copied out, device memory not yet released
         # Keys of copying_out per tier in issue order: copies of one tier finish about in
@@ -224,13 +226,13 @@ class MigrationEngine:
                       file=sys.stderr)
 
     def _place(self, tier_name: str, nbytes: int):
-        """(tier, slot): the planned tier, or the other one when the host pool is full."""
+        """(tier, slot): the planned tier, or the other one when it has no room."""
         host, ssd = self.tiers["host"], self.tiers["ssd"]
         order = (host, ssd) if tier_name == "host" else (ssd, host)
         for tier in order:
             if tier is None:
                 continue
-            slot = self._host_slot(tier.pool, nbytes) if tier.name == "host" else tier.new_slot()
+            slot = self._alloc(tier, nbytes)
             if slot is not None:
                 if tier.name != tier_name and tier.name == "ssd":
                     self.stats.other_tier_bytes += nbytes
@@ -239,16 +241,16 @@ class MigrationEngine:
                 return tier, slot
         return None
 
-    def _host_slot(self, pool, nbytes: int) -> int | None:
-        """A pool slot, waiting for copy-ins that still read released slots before giving up:
-        their slots free within milliseconds, a spill to the disk costs a slow round trip (the
-        3B at 1/4 of its peak put 12 GB per run on the disk while copy-ins held the pool)."""
-        slot = pool.alloc(nbytes)
-        while slot is None and self.releasing:
+    def _alloc(self, tier, nbytes: int) -> int | None:
+        """A slot, waiting for copy-ins that still read released slots before giving up:
+        their slots free within milliseconds, a spill to the other tier costs a slow round trip
+        (the 3B at 1/4 of its peak put 12 GB per run on the disk while copy-ins held the pool)."""
+        slot = tier.alloc(nbytes)
+        while slot is None and self.releasing and self.releasing[0].tier is tier:
             oldest = self.releasing.popleft()
             oldest.transfer.wait_host()
             self._release_slot(oldest)
-            slot = pool.alloc(nbytes)
+            slot = tier.alloc(nbytes)
         return slot
 
     def prefetch(self, record) -> None:
@@ -265,6 +267,7 @@ class MigrationEngine:
         assert storage is not None, "an offloaded storage that is still referenced must be alive"
         storage.resize_(moved.nbytes)
         self.offloaded_now -= moved.nbytes
+        self.restored_bytes += moved.nbytes
         moved.storage = storage
         moved.transfer = self._track(moved.tier.copy_in(storage, moved.slot, moved.transfer))
         moved.state = PREFETCHING
@@ -314,9 +317,9 @@ class MigrationEngine:
     def wait_freeing(self) -> None:
         """Block until blocks released under record_stream can really be reused: the
         allocator takes them back only once their copies are done (out of memory: no choice)."""
-        host = self.tiers["host"]
-        if host is not None and host.cuda:
-            host.d2h_stream.synchronize()
+        for tier in self.tiers.values():
+            if tier is not None:
+                tier.wait_device_frees()
 
     # ----- progress, polled between ops ------------------------------------------------------
     def poll(self, records_by_key) -> None:
@@ -341,15 +344,13 @@ class MigrationEngine:
         moved.storage = None
         moved.state = OFFLOADED
         self.offloaded_now += moved.nbytes
+        self.released_bytes += moved.nbytes
         self.stats.offloaded_bytes[moved.tier.name] += moved.nbytes
         by_kind = self.stats.offloaded_bytes_by_kind
         by_kind[record.kind.name] = by_kind.get(record.kind.name, 0) + moved.nbytes
 
     def _release_slot(self, moved: Moved) -> None:
-        if moved.tier.name == "host":
-            moved.tier.pool.release(moved.slot, moved.nbytes)
-        else:
-            moved.tier.discard(moved.slot, moved.nbytes)
+        moved.tier.release(moved.slot, moved.nbytes)
 
     def wait_offloads(self, records_by_key) -> None:
         """Wait for every copy-out in flight and release it (memory is short, or shutdown)."""

@@ -42,7 +42,4 @@ class IterationLog:
     def _host_pool_peak(self) -> int:
         """The most the host pool held during this iteration (then the count starts over)."""
         host = self.engine.tiers["host"]
-        if host is None:
-            return 0
-        peak, host.pool.peak_used = host.pool.peak_used, host.pool.used
-        return peak
+        return 0 if host is None else host.take_peak_bytes()

@@ -38,12 +38,14 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from teraio_run.layout import STRIPE_MIN_BYTES
 
 POOL_ALIGN_BYTES = 512
+INLINE_COPY_MAX_BYTES = 256 * 2**10   # CPU copies up to this size run in the caller's thread
 
 
 def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -69,11 +71,13 @@ class Transfer:
     is the copy's (start, end) on the monotonic clock, or a CopyFailed) or a pair of CUDA
     events around a stream copy."""
 
-    __slots__ = ("future", "event", "start", "path", "nbytes")
+    __slots__ = ("future", "event", "start", "path", "nbytes", "interval")
 
-    def __init__(self, path: str, nbytes: int, future: Future | None = None, event=None, start=None):
+    def __init__(self, path: str, nbytes: int, future: Future | None = None, event=None, start=None,
+                 interval: tuple[float, float] | None = None):
         self.path, self.nbytes = path, nbytes
         self.future, self.event, self.start = future, event, start
+        self.interval = interval  # of a copy made in the caller's thread: done already
 
     def done(self) -> bool:
         if self.future is not None and not self.future.done():
@@ -106,9 +110,21 @@ class Transfer:
         """(start, end) of a finished thread copy, or (0, duration) of a stream copy."""
         if self.event is not None:
             return 0.0, self.start.elapsed_time(self.event) / 1e3
+        if self.interval is not None:
+            return self.interval
         if self.error() is not None:
             return None
         return self.future.result()
+
+
+def cpu_copy(threads: ThreadPoolExecutor, path: str, dst: torch.Tensor, src: torch.Tensor) -> Transfer:
+    """A copy between CPU tensors: in an I/O thread so it overlaps the job's ops, except a small
+    one, made here: handing it to a thread and reaping its future cost ~50-100 us on the CPU
+    box, more than copying INLINE_COPY_MAX_BYTES does (docs/runtime.md, host cost)."""
+    nbytes = src.numel()
+    if nbytes <= INLINE_COPY_MAX_BYTES:
+        return Transfer(path, nbytes, interval=timed(dst.copy_, src))
+    return Transfer(path, nbytes, future=threads.submit(timed, dst.copy_, src))
 
 
 def timed(fn, *args) -> tuple[float, float]:
@@ -145,45 +161,86 @@ def _unpin(address: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(address)
 
 
-class FirstFitSlots:
+class PoolSlots:
     """Offsets into `capacity` bytes, handed out first-fit in POOL_ALIGN_BYTES units (the host
-    pool's bookkeeping, apart from its buffer so bench/pool_replay.py can replay a plan)."""
+    pool's bookkeeping, apart from its buffer so bench/pool_replay.py can replay a plan).
+
+    Free slices are indexed by offset (to merge a released slice with its neighbours) and by
+    size class (bit length of the size), each class sorted by offset: the lowest-offset slice
+    that fits is the lowest head among the classes above the request's, or the first fitting
+    one in its own class. Scanning the whole free list cost ~78 us per offload on the CPU box
+    once a plan had fragmented it (docs/runtime.md). First-fit, not best-fit: replaying the 3B
+    plans at 1/2 and 1/4 of its peak and the 8B's in pools the plans' size
+    (bench/pool_replay.py), best-fit found no room 20, 57 and 5 times, first-fit 0, 57 and 0."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._free = [(0, capacity)] if capacity else []  # (offset, size), sorted by offset
+        self._size_at: dict[int, int] = {}         # free offset -> its size
+        self._offsets: list[int] = []              # free offsets, sorted
+        self._classes: dict[int, list[int]] = {}   # size.bit_length() -> its free offsets, sorted
+        if capacity:
+            self._add(0, capacity)
         self.used = 0
         self.peak_used = 0  # the most held at once since the run report's last look
 
     def alloc(self, nbytes: int) -> int | None:
         need = -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
-        for i, (offset, size) in enumerate(self._free):
-            if size >= need:
-                self._free[i:i + 1] = [(offset + need, size - need)] if size > need else []
-                self.used += need
-                self.peak_used = max(self.peak_used, self.used)
+        offset = self._first_fit(need)
+        if offset is None:
+            return None
+        size = self._remove(offset)
+        if size > need:
+            self._add(offset + need, size - need)
+        self.used += need
+        self.peak_used = max(self.peak_used, self.used)
+        return offset
+
+    def _first_fit(self, need: int) -> int | None:
+        own = need.bit_length()
+        best = None
+        for size_class, offsets in self._classes.items():
+            if size_class > own and offsets and (best is None or offsets[0] < best):
+                best = offsets[0]  # every slice of a higher class fits
+        for offset in self._classes.get(own, ()):
+            if best is not None and offset > best:
+                break
+            if self._size_at[offset] >= need:
                 return offset
-        return None
+        return best
 
     def release(self, offset: int, nbytes: int) -> None:
-        """Return a slice, merged with free neighbours (O(log n) search, no re-sort: a plan
-        releases about a thousand slices per iteration)."""
+        """Return a slice, merged with free neighbours."""
         need = -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
         self.used -= need
-        free = self._free
-        i = bisect.bisect_left(free, (offset, 0))
         end = offset + need
-        if i < len(free) and free[i][0] == end:  # merge with the next free slice
-            end += free[i][1]
-            del free[i]
-        if i > 0 and sum(free[i - 1]) == offset:  # and with the previous one
-            i -= 1
-            offset = free[i][0]
-            del free[i]
-        free.insert(i, (offset, end - offset))
+        if end in self._size_at:  # merge with the next free slice
+            end += self._remove(end)
+        i = bisect.bisect_left(self._offsets, offset)
+        if i > 0:
+            before = self._offsets[i - 1]
+            if before + self._size_at[before] == offset:  # and with the previous one
+                self._remove(before)
+                offset = before
+        self._add(offset, end - offset)
+
+    def free_slices(self) -> list[tuple[int, int]]:
+        """(offset, size) of every free slice, by offset."""
+        return [(offset, self._size_at[offset]) for offset in self._offsets]
+
+    def _add(self, offset: int, size: int) -> None:
+        self._size_at[offset] = size
+        bisect.insort(self._offsets, offset)
+        bisect.insort(self._classes.setdefault(size.bit_length(), []), offset)
+
+    def _remove(self, offset: int) -> int:
+        size = self._size_at.pop(offset)
+        del self._offsets[bisect.bisect_left(self._offsets, offset)]
+        same_class = self._classes[size.bit_length()]
+        del same_class[bisect.bisect_left(same_class, offset)]
+        return size
 
 
-class HostPool(FirstFitSlots):
+class HostPool(PoolSlots):
     """One pinned buffer allocated at start (per-tensor cudaHostAlloc is slow and fragments),
     carved first-fit. On CPU-only machines it is plain memory."""
 
@@ -200,19 +257,59 @@ class HostPool(FirstFitSlots):
         return self.buffer[offset:offset + nbytes]
 
 
+class Tier(Protocol):
+    """Where a storage's bytes can go; the host pool and the swap files both are one.
+
+    A slot is the tier's handle for one storage's bytes: `alloc` gives one (None when the
+    tier has no room), `copy_out` and `copy_in` move a storage's bytes into and out of it
+    and return the copy in flight, `release` gives it back. `frees_at_once`: whether device
+    memory may be released as soon as the copy out is queued (stream-ordered copies, Note
+    [Stream ordering on CUDA]) or only once it has finished (thread copies)."""
+
+    name: str
+    frees_at_once: bool
+
+    def alloc(self, nbytes: int) -> int | None: ...
+
+    def copy_out(self, storage, slot: int) -> Transfer: ...
+
+    def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer: ...
+
+    def release(self, slot: int, nbytes: int) -> None: ...
+
+    def wait_device_frees(self) -> None:
+        """Block until device blocks freed under its copies may be reused."""
+
+
 class HostTier:
     name = "host"
 
     def __init__(self, pool: HostPool, cuda: bool, threads: ThreadPoolExecutor):
         self.pool, self.cuda, self.threads = pool, cuda, threads
+        self.frees_at_once = cuda  # see Note [Stream ordering on CUDA]
         if cuda:
             self.d2h_stream, self.h2d_stream = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def alloc(self, nbytes: int) -> int | None:
+        return self.pool.alloc(nbytes)
+
+    def release(self, slot: int, nbytes: int) -> None:
+        self.pool.release(slot, nbytes)
+
+    def wait_device_frees(self) -> None:
+        if self.cuda:
+            self.d2h_stream.synchronize()  # blocks freed under record_stream are reusable after
+
+    def take_peak_bytes(self) -> int:
+        """The most the pool held since the last call (the run report's per-iteration row)."""
+        peak, self.pool.peak_used = self.pool.peak_used, self.pool.used
+        return peak
 
     def copy_out(self, storage, slot) -> Transfer:
         nbytes = storage.nbytes()
         dst, src = self.pool.slice(slot, nbytes), byte_view(storage)
         if not self.cuda:
-            return Transfer("d2h", nbytes, future=self.threads.submit(timed, dst.copy_, src))
+            return cpu_copy(self.threads, "d2h", dst, src)
         self.d2h_stream.wait_stream(torch.cuda.current_stream())  # read finished data
         start, end = _stream_copy(self.d2h_stream, dst, src, keep_alive=src)
         return Transfer("d2h", nbytes, event=end, start=start)
@@ -221,17 +318,13 @@ class HostTier:
         nbytes = storage.nbytes()
         dst, src = byte_view(storage), self.pool.slice(slot, nbytes)
         if not self.cuda:
-            return Transfer("h2d", nbytes, future=self.threads.submit(timed, dst.copy_, src))
+            return cpu_copy(self.threads, "h2d", dst, src)
         self.h2d_stream.wait_stream(torch.cuda.current_stream())  # the new block is free to write
         if after_out is not None and after_out.event is not None:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
         # keep_alive=dst: if the tensor is freed before its use, the block is not reused under the copy
         start, end = _stream_copy(self.h2d_stream, dst, src, keep_alive=dst)
         return Transfer("h2d", nbytes, event=end, start=start)
-
-    @property
-    def frees_at_once(self) -> bool:
-        return self.cuda  # see Note [Stream ordering on CUDA]
 
 
 def host_memoryview(data: torch.Tensor) -> memoryview:
@@ -313,13 +406,16 @@ class SsdTier:
         self._next = 0
         self._lock = threading.Lock()
 
-    def new_slot(self) -> int | None:
+    def alloc(self, nbytes: int) -> int | None:
         """A slot for the next copy-out, or None when no folder takes writes."""
         if len(self.closed) >= len(self.run_dirs):
             return None
         with self._lock:
             self._next += 1
             return self._next
+
+    def wait_device_frees(self) -> None:
+        """Its copies finish before device memory is released: nothing to wait for."""
 
     def _place_chunks(self, slot: int, nbytes: int) -> list:
         open_dirs = [d for d in self.run_dirs if d not in self.closed] or self.run_dirs
@@ -361,7 +457,7 @@ class SsdTier:
                 return failed
         return t0, time.perf_counter()
 
-    def discard(self, slot: int, nbytes: int) -> None:
+    def release(self, slot: int, nbytes: int) -> None:
         for path, _, _ in self._chunks_of.pop(slot, ()):
             path.unlink(missing_ok=True)
 

@@ -10,7 +10,12 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // POOL_ALIGN_BYTES) * POOL_ALIGN_BYTES
 
 
-def test_random_alloc_and_release_never_overlap_and_coalesce():
+def first_fit(free: list[tuple[int, int]], nbytes: int) -> int | None:
+    """The lowest offset whose free slice holds `nbytes`: what the pool's index must find."""
+    return next((offset for offset, size in free if size >= aligned(nbytes)), None)
+
+
+def test_random_alloc_and_release_never_overlap_and_coalesce_and_fit_first():
     rng = random.Random(1)
     pool = HostPool(1 << 22, pin=False)
     live = []
@@ -19,16 +24,18 @@ def test_random_alloc_and_release_never_overlap_and_coalesce():
             pool.release(*live.pop(rng.randrange(len(live))))
         else:
             nbytes = rng.randint(1, 100_000)
+            expected = first_fit(pool.free_slices(), nbytes)
             offset = pool.alloc(nbytes)
+            assert offset == expected  # first-fit: the plans' pool sizes assume its fragmentation
             if offset is not None:
                 live.append((offset, nbytes))
-        spans = sorted([(offset, aligned(n)) for offset, n in live] + pool._free)
+        spans = sorted([(offset, aligned(n)) for offset, n in live] + pool.free_slices())
         assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))  # nothing handed out twice
         assert spans[-1][0] + spans[-1][1] <= pool.capacity
-        assert sum(n for _, n in pool._free) == pool.capacity - pool.used
+        assert sum(n for _, n in pool.free_slices()) == pool.capacity - pool.used
     for offset, nbytes in live:
         pool.release(offset, nbytes)
-    assert pool._free == [(0, pool.capacity)] and pool.used == 0  # one slice again: no fragments lost
+    assert pool.free_slices() == [(0, pool.capacity)] and pool.used == 0  # one slice again: no fragments lost
 
 
 def test_a_full_pool_waits_for_slots_that_copy_ins_still_read_instead_of_spilling(tmp_path):
