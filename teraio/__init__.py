@@ -1,9 +1,13 @@
 """TeraIO: train PyTorch models bigger than the GPU by planned tensor offloading.
 
-The package `teraio` holds what every stage shares and that imports no torch: the file
-formats (the only contract between stages), errors, units and the CLI. The stages live in
-teraio_profile, teraio_plan and teraio_run; the op walk that profile and run share lives in
-teraio.walk (which does import torch, so nothing here imports it eagerly).
+Three layers, imports pointing down only ("Layers" in docs/runtime.md, tests/test_layers.py):
+- app, teraio.app: the `teraio` command (cli, commands), the demo and the bootstrap that
+  starts a stage's agent in the job; it imports the stages.
+- stages: teraio_profile, teraio_plan and teraio_run; they hand each other files (trace, plan).
+- base, this package outside teraio.app: the file formats (the only contract between stages),
+  the op walk that profile and run share (teraio.walk), units, errors, settings, and the
+  launcher, guards and views more than one stage uses. It imports no stage and no app, and no
+  torch eagerly (the walk and the guards import it when they are imported themselves).
 """
 
 __version__ = "0.1.0"

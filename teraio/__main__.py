@@ -1,3 +1,3 @@
-from teraio.cli import main
+from teraio.app.cli import main
 
 main()

@@ -17,7 +17,9 @@ from pathlib import Path
 from teraio.errors import UsageError
 from teraio.settings import Settings
 
-BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap" / "pythonpath"
+# The app's sitecustomize, found by path: the launcher (used by the profile and run stages)
+# names the folder but never imports the app (Layers in docs/runtime.md).
+BOOTSTRAP_DIR = Path(__file__).parent / "app" / "bootstrap" / "pythonpath"
 
 
 def resolve_command(argv: list[str]) -> list[str]:

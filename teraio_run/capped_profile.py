@@ -28,7 +28,7 @@ backward intermediates with no owner) still have to fit: an op that runs out of 
 anyway fails as it would without teraio.
 
 The profiler is a stage of its own and never imports the runtime: the bootstrap builds this
-keeper and hands it to the profile agent (teraio/bootstrap/__init__.py).
+keeper and hands it to the profile agent (teraio/app/bootstrap/__init__.py).
 """
 
 import atexit

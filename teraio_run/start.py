@@ -1,5 +1,5 @@
 """Starting the runtime in a training process and tearing it down at its exit (the bootstrap's
-entry point: teraio/bootstrap/__init__.py). Building it is teraio_run/setup.py's; the report
+entry point: teraio/app/bootstrap/__init__.py). Building it is teraio_run/setup.py's; the report
 at exit is teraio_run/report.py's."""
 
 import atexit

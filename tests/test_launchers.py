@@ -1,4 +1,4 @@
-"""The agent starts only in processes that train (Note [Lazy start] in teraio/bootstrap), and
+"""The agent starts only in processes that train (Note [Lazy start] in teraio/app/bootstrap), and
 torch.compile under TeraIO is said, counted, and refused with --strict.
 
 Through the real CLI on CPU: accelerate's launcher (which runs torchrun's inside its own
@@ -125,6 +125,6 @@ def test_torch_compile_fails_the_job_with_strict(compiled, tmp_path):
 def test_launchers_are_known_by_name(argv0, launcher):
     """A launcher's own ops run on the CPU, the device of a CPU run: laziness alone would not
     keep an agent out of it there."""
-    from teraio.bootstrap import is_launcher_process
+    from teraio.app.bootstrap import is_launcher_process
 
     assert is_launcher_process(argv0) is launcher

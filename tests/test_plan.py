@@ -187,8 +187,8 @@ def test_memory_curve_adds_untracked_and_headroom():
 
 
 def test_teraio_plan_imports_no_torch():
-    code = ("import sys, teraio_plan, teraio.formats.trace, teraio.formats.plan, teraio.commands.plan, "
-            "teraio.commands.diff; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, teraio_plan, teraio.formats.trace, teraio.formats.plan, teraio.app.commands.plan, "
+            "teraio.app.commands.diff; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'kvikio'))))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

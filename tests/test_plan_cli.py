@@ -7,8 +7,8 @@ from click.testing import CliRunner
 
 from cli_helpers import teraio
 from plan_helpers import GiB, T, layered_trace, make_trace
-from teraio.cli import cli
-from teraio.commands.plan import default_output
+from teraio.app.cli import cli
+from teraio.app.commands.plan import default_output
 from teraio.formats.plan import load_plan
 from teraio.formats.trace import Kind, save_trace, trace_to_file
 from teraio_plan.memory import memory_curve

@@ -3,7 +3,7 @@
 from dataclasses import fields
 from pathlib import Path
 
-from teraio.cli import cli
+from teraio.app.cli import cli
 from teraio.settings import PREFIX, Settings
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text()

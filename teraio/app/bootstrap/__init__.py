@@ -98,7 +98,7 @@ def arm() -> None:
     if settings.mode not in ("profile", "run") or is_launcher_process():
         return
     from teraio import compile_guard
-    from teraio.bootstrap.trigger import StartOnFirstOp
+    from teraio.app.bootstrap.trigger import StartOnFirstOp
 
     compile_guard.install(settings.strict)
     StartOnFirstOp(settings, threading.get_ident()).push()

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from teraio.commands.options import SIZE
+from teraio.app.commands.options import SIZE
 from teraio_run.run import run
 
 

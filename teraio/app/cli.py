@@ -1,6 +1,6 @@
 """The `teraio` command: a thin click shell over the stage libraries.
 
-Each subcommand lives in teraio/commands/<name>.py, parses, calls one library function,
+Each subcommand lives in teraio/app/commands/<name>.py, parses, calls one library function,
 prints with rich, and lets TeraioError become one red line and an exit code here.
 """
 
@@ -8,6 +8,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from teraio import __version__
 from teraio.errors import TeraioError
@@ -22,7 +23,7 @@ class TeraioGroup(click.Group):
         try:
             return super().invoke(ctx)
         except TeraioError as err:
-            err_console.print(f"[bold red]teraio:[/] {err}", soft_wrap=True)
+            err_console.print(f"[bold red]teraio:[/] {escape(str(err))}", soft_wrap=True)  # "[view]" is no markup
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
             err_console.print("[bold red]teraio:[/] interrupted")
@@ -46,9 +47,9 @@ def cli():
 
 
 def _register() -> None:
-    from teraio.commands import demo, diff, inspect, plan, profile, run
+    from teraio.app.commands import demo, diff, inspect, plan, profile, run, view
 
-    for module in (profile, plan, diff, run, inspect, demo):
+    for module in (profile, plan, diff, run, inspect, view, demo):
         cli.add_command(module.command)
 
 

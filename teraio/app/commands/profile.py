@@ -3,7 +3,7 @@
 import click
 from rich.console import Console
 
-from teraio.commands.options import SIZE
+from teraio.app.commands.options import SIZE
 from teraio_profile.profile import Cap, profile
 
 console = Console(highlight=False)
@@ -54,7 +54,7 @@ def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_
     job needs uncapped (sizes, lifetimes, memory), and kernel times without the
     waits for data. Plan it as any trace.
     """
-    from teraio.commands.inspect import print_trace_summary  # rich view shared with inspect
+    from teraio.app.commands.inspect import print_trace_summary  # rich view shared with inspect
 
     cap = Cap(gpu_mem_bytes, host_mem_bytes, list(ssd_dirs), io_backend)
     paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device,

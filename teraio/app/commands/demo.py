@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from teraio.commands.inspect import print_trace_summary
+from teraio.app.commands.inspect import print_trace_summary
 
 console = Console(highlight=False)
 
@@ -27,8 +27,8 @@ def command(workdir, example_args):
       teraio demo
       teraio demo --workdir /tmp/tio -- --layers 4 --steps 8
     """
-    from teraio.commands.inspect import _print_plan
-    from teraio.demo import run_demo
+    from teraio.app.commands.inspect import _print_plan
+    from teraio.app.demo import run_demo
 
     result = run_demo(Path(workdir), list(example_args), lambda msg: console.print(f"[bold cyan]demo:[/] {msg}"))
     print_trace_summary(result.trace, console)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from teraio.commands.options import SIZE, json_flag
+from teraio.app.commands.options import SIZE, json_flag
 from teraio.errors import UsageError
 from teraio.formats.plan import save_plan
 from teraio.formats.trace import Trace, load_trace

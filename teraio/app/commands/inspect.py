@@ -7,7 +7,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from teraio.commands.options import json_flag
+from teraio.app.commands.options import json_flag
 from teraio.formats.common import PLAN_FORMAT, REPORT_FORMAT, TRACE_FORMAT, detect_format, read_raw
 from teraio.units import format_bytes, format_ms
 

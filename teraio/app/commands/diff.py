@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from teraio.commands.options import json_flag
+from teraio.app.commands.options import json_flag
 from teraio.formats.plan import PlanEntry, load_plan
 from teraio.units import format_bytes
 from teraio_plan import diff_plans

@@ -45,9 +45,9 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
 def _start_agent() -> None:
     """Arms the agent's start at the job's first op on the device (Note [Lazy start] in
-    teraio/bootstrap/__init__.py): launchers and shells that import torch never start one."""
+    teraio/app/bootstrap/__init__.py): launchers and shells that import torch never start one."""
     try:
-        from teraio.bootstrap import arm
+        from teraio.app.bootstrap import arm
         arm()
     except BaseException as err:  # the job must train even if the agent cannot
         if os.environ.get("TERAIO_STRICT", "").lower() in ("1", "true", "yes", "on"):

@@ -1,5 +1,5 @@
 """The mode that starts the agent at the job's first op on the plan's device (Note [Lazy start]
-in teraio/bootstrap/__init__.py)."""
+in teraio/app/bootstrap/__init__.py)."""
 
 import threading
 
@@ -57,7 +57,7 @@ class StartOnFirstOp(TorchDispatchMode):
 
     def _start(self) -> None:
         from teraio import compile_guard
-        from teraio.bootstrap import is_dataloader_worker, start_guarded
+        from teraio.app.bootstrap import is_dataloader_worker, start_guarded
 
         if is_dataloader_worker():
             return
