@@ -41,13 +41,13 @@ BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/us
 def fill_with_stalls(trace: Trace, inputs: PlannerInputs, result: PlannerResult) -> PlannerResult:
     """`result` plus entries that make the budget at the price of stalls (unchanged if it fits)."""
     memory = result.memory_bytes.astype(np.int64).copy()
-    budget = inputs.budget_bytes
-    if len(memory) == 0 or memory.max() <= budget:
+    budget_bytes = inputs.budget_bytes
+    if len(memory) == 0 or memory.max() <= budget_bytes:
         return result
     pass_ = _Fill(trace, inputs, memory, result)
     entries = pass_.delay_prefetches(result.entries + pass_.run())
     return PlannerResult(
-        entries=entries, memory_bytes=pass_.memory,
+        entries=entries, memory_bytes=pass_.memory_bytes,
         memory_before_bytes=result.memory_before_bytes,
         host_pool_bytes=max(result.host_pool_bytes, int(pass_.host_occupancy.max(initial=0))),
         ledgers=result.ledgers, capacity=result.capacity, link_bytes=result.link_bytes,
@@ -56,10 +56,10 @@ def fill_with_stalls(trace: Trace, inputs: PlannerInputs, result: PlannerResult)
 
 class _Fill:
     def __init__(self, trace: Trace, inputs: PlannerInputs, memory: np.ndarray, result: PlannerResult):
-        self.trace, self.inputs, self.memory = trace, inputs, memory
+        self.trace, self.inputs, self.memory_bytes = trace, inputs, memory
         self.num_k = trace.num_kernels
         self.prefix_us = unrolled_prefix_us(trace.duration_us)
-        self.tau2 = np.tile(trace.duration_us, 2)
+        self.duration_us_twice = np.tile(trace.duration_us, 2)
         self.host_occupancy = np.zeros(self.num_k, dtype=np.int64)
         for entry in result.entries:
             if entry.tier == "host":
@@ -72,7 +72,7 @@ class _Fill:
         entries = []
         # Kept up to date by _try over each pick's window, not by a max() over the whole
         # curve per candidate.
-        self.over_kernels = int((self.memory > self.inputs.budget_bytes).sum())
+        self.over_kernels = int((self.memory_bytes > self.inputs.budget_bytes).sum())
         for i in order:
             if self.over_kernels == 0:
                 break
@@ -83,8 +83,8 @@ class _Fill:
 
     def delay_prefetches(self, entries: list[PlanEntry]) -> list[PlanEntry]:
         """`entries` with prefetches started after the kernels still over budget (Note [Late prefetches])."""
-        budget, n = self.inputs.budget_bytes, self.num_k
-        if not entries or self.memory.max() <= budget:
+        budget_bytes, n = self.inputs.budget_bytes, self.num_k
+        if not entries or self.memory_bytes.max() <= budget_bytes:
             return entries
         nbytes = np.array([e.nbytes for e in entries], dtype=np.int64)
         need = np.array([e.needed_by for e in entries], dtype=np.int64)
@@ -94,56 +94,56 @@ class _Fill:
         # A prefetch pushed at kernel k frees its bytes over [its old start, k]. Kernels before k
         # are decided already, so that part waits in a difference array; only a range that wraps
         # the iteration reaches kernels still ahead, and those are lowered at once.
-        freed = np.zeros(n + 1, dtype=np.int64)
-        for k in np.flatnonzero(self.memory > budget):
-            excess = int(self.memory[k]) - budget
-            if excess <= 0:
+        freed_bytes = np.zeros(n + 1, dtype=np.int64)
+        for k in np.flatnonzero(self.memory_bytes > budget_bytes):
+            excess_bytes = int(self.memory_bytes[k]) - budget_bytes
+            if excess_bytes <= 0:
                 continue
             into = (k - prefetch) % n  # k's place in each prefetch's lead; present at k if < lead - 1
             candidates = np.flatnonzero(into < lead - 1)
             order = candidates[np.argsort(into[candidates] - lead[candidates], kind="stable")]
-            pushed = order[:int(np.searchsorted(np.cumsum(nbytes[order]), excess)) + 1]  # most lead left first
-            self.memory[k] -= nbytes[pushed].sum()
+            pushed = order[:int(np.searchsorted(np.cumsum(nbytes[order]), excess_bytes)) + 1]  # most lead left first
+            self.memory_bytes[k] -= nbytes[pushed].sum()
             for j in pushed[prefetch[pushed] > k]:  # wraps: [old start, n) is still ahead
-                self.memory[prefetch[j]:] -= nbytes[j]
-            np.add.at(freed, np.where(prefetch[pushed] > k, 0, prefetch[pushed]), nbytes[pushed])
-            freed[k] -= nbytes[pushed].sum()
+                self.memory_bytes[prefetch[j]:] -= nbytes[j]
+            np.add.at(freed_bytes, np.where(prefetch[pushed] > k, 0, prefetch[pushed]), nbytes[pushed])
+            freed_bytes[k] -= nbytes[pushed].sum()
             prefetch[pushed], lead[pushed], late[pushed] = (k + 1) % n, lead[pushed] - into[pushed] - 1, True
-        self.memory -= np.cumsum(freed)[:n]
+        self.memory_bytes -= np.cumsum(freed_bytes)[:n]
         return [e.model_copy(update={"prefetch_at": int(prefetch[j]),
                                      "reason": e.reason + "; prefetch started late to make the budget"})
                 if late[j] else e for j, e in enumerate(entries)]
 
     def _candidates(self, periods) -> np.ndarray:
         """Periods not planned yet, by over-budget time in their window per byte (descending)."""
-        over = np.tile(self.memory > self.inputs.budget_bytes, 2)
-        over_prefix = np.concatenate(([0.0], np.cumsum(self.tau2 * over)))
+        over = np.tile(self.memory_bytes > self.inputs.budget_bytes, 2)
+        over_prefix_us = np.concatenate(([0.0], np.cumsum(self.duration_us_twice * over)))
         ids = self.trace.tensor_id
         fresh = np.array([(ids[t], int(a)) not in self.taken for t, a in zip(periods.tensor, periods.start)],
                          dtype=bool)
-        score = over_prefix[periods.end] - over_prefix[periods.start + 1]
-        score = np.where(fresh & (score > 0), score, -1.0)
-        order = np.lexsort((periods.start, periods.tensor, -score))
-        return order[score[order] > 0]
+        over_us = over_prefix_us[periods.end] - over_prefix_us[periods.start + 1]
+        over_us = np.where(fresh & (over_us > 0), over_us, -1.0)
+        order = np.lexsort((periods.start, periods.tensor, -over_us))
+        return order[over_us[order] > 0]
 
     def _try(self, periods, i: int) -> PlanEntry | None:
         nbytes, start, end = int(periods.nbytes[i]), int(periods.start[i]), int(periods.end[i])
         tier = self._tier(nbytes, start, end)
         if tier is None:
             return None
-        out_bw, in_bw = self._rates(tier)
-        offload_by = max(start + 1, self._first_kernel_after(start, nbytes / out_bw))
-        prefetch_at = min(end - 1, self._last_kernel_before(end, nbytes / in_bw))
+        out_bytes_per_us, in_bytes_per_us = self._rates(tier)
+        offload_by = max(start + 1, self._first_kernel_after(start, nbytes / out_bytes_per_us))
+        prefetch_at = min(end - 1, self._last_kernel_before(end, nbytes / in_bytes_per_us))
         if offload_by >= prefetch_at - 1:
             return None  # too short even at full bandwidth
-        budget = self.inputs.budget_bytes
-        saved = [self.memory[a:b] for a, b in self._spans(offload_by + 1, prefetch_at)]  # views
-        over_before = sum(int((view > budget).sum()) for view in saved)
+        budget_bytes = self.inputs.budget_bytes
+        saved = [self.memory_bytes[a:b] for a, b in self._spans(offload_by + 1, prefetch_at)]  # views
+        over_before = sum(int((view > budget_bytes).sum()) for view in saved)
         if not over_before:
             return None
         for view in saved:
             view -= nbytes
-        self.over_kernels -= over_before - sum(int((view > budget).sum()) for view in saved)
+        self.over_kernels -= over_before - sum(int((view > budget_bytes).sum()) for view in saved)
         if tier == "host":
             self._occupy(start, end, nbytes)
         return self._entry(periods, i, tier, offload_by, prefetch_at)
@@ -151,10 +151,10 @@ class _Fill:
     def _tier(self, nbytes: int, start: int, end: int) -> str | None:
         """The faster path that has room; the host pool is bounded by --host-mem."""
         inputs = self.inputs
-        ssd_bw = inputs.num_ssds * min(inputs.ssd_read_gbps, inputs.ssd_write_gbps)
+        ssd_gbps = inputs.num_ssds * min(inputs.ssd_read_gbps, inputs.ssd_write_gbps)
         host_ok = inputs.host_mem_bytes > 0 and self._host_room(start, end, nbytes)
         ssd_ok = inputs.num_ssds > 0
-        if host_ok and (not ssd_ok or inputs.host_gbps >= ssd_bw):
+        if host_ok and (not ssd_ok or inputs.host_gbps >= ssd_gbps):
             return "host"
         return "ssd" if ssd_ok else None
 
@@ -165,8 +165,8 @@ class _Fill:
             out_gbps = in_gbps = inputs.host_gbps
         else:
             out_gbps, in_gbps = inputs.num_ssds * inputs.ssd_write_gbps, inputs.num_ssds * inputs.ssd_read_gbps
-        cap = inputs.pcie_gbps
-        return min(out_gbps, cap) * BYTES_PER_US_PER_GBPS, min(in_gbps, cap) * BYTES_PER_US_PER_GBPS
+        cap_gbps = inputs.pcie_gbps
+        return min(out_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS, min(in_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS
 
     def _first_kernel_after(self, start: int, copy_us: float) -> int:
         """The kernel (unrolled) during which a copy started after `start` completes."""
@@ -180,8 +180,8 @@ class _Fill:
 
     def _host_room(self, start: int, end: int, nbytes: int) -> bool:
         """A pool slot is held from the copy-out after `start` until the use at `end`."""
-        held = max((int(self.host_occupancy[a:b].max()) for a, b in self._spans(start + 1, end)), default=0)
-        return held + nbytes <= self.inputs.host_mem_bytes
+        held_bytes = max((int(self.host_occupancy[a:b].max()) for a, b in self._spans(start + 1, end)), default=0)
+        return held_bytes + nbytes <= self.inputs.host_mem_bytes
 
     def _occupy(self, start: int, end: int, nbytes: int) -> None:
         for a, b in self._spans(start + 1, end):

@@ -181,17 +181,17 @@ class Excess:
 
     BLOCK_KERNELS = 256
 
-    def __init__(self, excess_bytes: np.ndarray, tau_us: np.ndarray):
+    def __init__(self, excess_bytes: np.ndarray, duration_us: np.ndarray):
         block = self.BLOCK_KERNELS
         self.size = len(excess_bytes)
         self.num_blocks = max(1, -(-self.size // block))
-        self.excess = _blocks(excess_bytes, self.num_blocks, block)  # true = stored - pending where > 0
-        self.tau = _blocks(tau_us, self.num_blocks, block)
-        self.pending = np.zeros(self.num_blocks)  # bytes still to take from every kernel over budget
+        self.excess_bytes = _blocks(excess_bytes, self.num_blocks, block)  # true = stored - pending where > 0
+        self.duration_us = _blocks(duration_us, self.num_blocks, block)
+        self.pending_bytes = np.zeros(self.num_blocks)  # bytes still to take from every kernel over budget
         self.over_us = np.zeros(self.num_blocks)        # time of the block's kernels over budget
-        self.stored_mass = np.zeros(self.num_blocks)    # sum of stored excess * tau (byte*us)
-        self.stored_top = np.zeros(self.num_blocks)     # largest stored excess
-        self.stored_floor = np.zeros(self.num_blocks)   # smallest positive stored excess (inf: none)
+        self.stored_byte_us = np.zeros(self.num_blocks)    # sum of stored excess * tau (byte*us)
+        self.stored_top_bytes = np.zeros(self.num_blocks)     # largest stored excess
+        self.stored_floor_bytes = np.zeros(self.num_blocks)   # smallest positive stored excess (inf: none)
         self.over_count = np.zeros(self.num_blocks, dtype=np.int64)
         # First and last slot over budget in each block: a window that covers both covers the
         # block as far as excess goes, whatever it misses of the kernels under budget. So two
@@ -208,15 +208,15 @@ class Excess:
 
     def mass(self) -> float:
         """Sum over one iteration of excess * tau (byte*us): no period can relieve more."""
-        return float((self.stored_mass - self.pending * self.over_us).sum()) / 2
+        return float((self.stored_byte_us - self.pending_bytes * self.over_us).sum()) / 2
 
     def max_excess(self) -> float:
-        return float((self.stored_top - self.pending).max(initial=0.0))
+        return float((self.stored_top_bytes - self.pending_bytes).max(initial=0.0))
 
     def values(self) -> np.ndarray:
         """The true excess of every slot (for tests and checks)."""
-        over = self.excess > 0
-        return np.where(over, self.excess - self.pending[:, None], 0.0).ravel()[:self.size]
+        over = self.excess_bytes > 0
+        return np.where(over, self.excess_bytes - self.pending_bytes[:, None], 0.0).ravel()[:self.size]
 
     # --- a pick
 
@@ -230,23 +230,23 @@ class Excess:
         touched = np.arange(lo // block, (hi - 1) // block + 1)
         touched = touched[self.over_count[touched] > 0]  # nothing over budget: nothing to lower
         whole = self._covers(touched, lo, hi)
-        stays_over = whole & (self.stored_floor[touched] - self.pending[touched] > nbytes)
-        self.pending[touched[stays_over]] += nbytes
+        stays_over = whole & (self.stored_floor_bytes[touched] - self.pending_bytes[touched] > nbytes)
+        self.pending_bytes[touched[stays_over]] += nbytes
         redo = touched[~stays_over]
         if len(redo):
             position = redo[:, None] * block + np.arange(block)
-            cut = self.pending[redo][:, None] + nbytes * ((position >= lo) & (position < hi))
-            self.excess[redo] = np.maximum(self.excess[redo] - cut, 0.0)  # 0 stays 0
-            self.pending[redo] = 0.0
+            cut = self.pending_bytes[redo][:, None] + nbytes * ((position >= lo) & (position < hi))
+            self.excess_bytes[redo] = np.maximum(self.excess_bytes[redo] - cut, 0.0)  # 0 stays 0
+            self.pending_bytes[redo] = 0.0
             self._restat(redo)
 
     def _restat(self, blocks: np.ndarray) -> None:
-        excess, tau = self.excess[blocks], self.tau[blocks]
-        over = excess > 0
-        self.over_us[blocks] = (tau * over).sum(axis=1)
-        self.stored_mass[blocks] = (excess * tau).sum(axis=1)
-        self.stored_top[blocks] = excess.max(axis=1)
-        self.stored_floor[blocks] = np.where(over, excess, np.inf).min(axis=1)
+        excess_bytes, duration_us = self.excess_bytes[blocks], self.duration_us[blocks]
+        over = excess_bytes > 0
+        self.over_us[blocks] = (duration_us * over).sum(axis=1)
+        self.stored_byte_us[blocks] = (excess_bytes * duration_us).sum(axis=1)
+        self.stored_top_bytes[blocks] = excess_bytes.max(axis=1)
+        self.stored_floor_bytes[blocks] = np.where(over, excess_bytes, np.inf).min(axis=1)
         self.over_count[blocks] = over.sum(axis=1)
         position = blocks[:, None] * self.BLOCK_KERNELS + np.arange(self.BLOCK_KERNELS)
         self.over_first[blocks] = np.where(over, position, self.size).min(axis=1)
@@ -262,11 +262,11 @@ class Excess:
     def relief(self, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Per row, the sum over kernels [lo, hi) of min(nbytes, excess) * tau (byte*us)."""
         row, blk = self._over_blocks_of(lo, hi)
-        s, pending, over_us = nbytes[row], self.pending[blk], self.over_us[blk]
+        s, pending, over_us = nbytes[row], self.pending_bytes[blk], self.over_us[blk]
         whole = self._covers(blk, lo[row], hi[row])
-        below = s <= self.stored_floor[blk] - pending  # s from every kernel over budget
-        above = s >= self.stored_top[blk] - pending    # all of the excess
-        part = np.where(below, s * over_us, self.stored_mass[blk] - pending * over_us)
+        below = s <= self.stored_floor_bytes[blk] - pending  # s from every kernel over budget
+        above = s >= self.stored_top_bytes[blk] - pending    # all of the excess
+        part = np.where(below, s * over_us, self.stored_byte_us[blk] - pending * over_us)
         mixed = np.flatnonzero(~(whole & (below | above)))
         part[mixed] = self._relief_by_kernel(blk[mixed], lo[row[mixed]], hi[row[mixed]], s[mixed])
         return np.bincount(row, weights=part, minlength=len(lo))
@@ -285,8 +285,8 @@ class Excess:
         start = blk * self.BLOCK_KERNELS  # [lo, hi) in columns of each block row
         column = np.arange(self.BLOCK_KERNELS)
         inside = (column >= (lo - start)[:, None]) & (column < (hi - start)[:, None])
-        excess = np.maximum(self.excess[blk] - self.pending[blk][:, None], 0.0)
-        return (np.minimum(excess, s[:, None]) * self.tau[blk] * inside).sum(axis=1)
+        excess_bytes = np.maximum(self.excess_bytes[blk] - self.pending_bytes[blk][:, None], 0.0)
+        return (np.minimum(excess_bytes, s[:, None]) * self.duration_us[blk] * inside).sum(axis=1)
 
 
 def _blocks(values: np.ndarray, num_blocks: int, block: int) -> np.ndarray:

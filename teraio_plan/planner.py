@@ -1,4 +1,5 @@
-"""The greedy planner: PAPER.md's Algorithm 1 with ledgers, two tiers and lazy re-evaluation.
+"""The greedy planner: the paper's Algorithm 1 with ledgers, two tiers and lazy re-evaluation
+(docs/paper.md says what the paper's algorithm does and where this one differs).
 
 Note [Lazy greedy]
     Each pick wants the idle period with the largest benefit per byte. A period's benefit can
@@ -73,21 +74,22 @@ class _Planner:
     def __init__(self, trace: Trace, inputs: PlannerInputs):
         self.trace, self.inputs, self.rates = trace, inputs, rates(inputs)
         self.num_k = trace.num_kernels
-        self.budget = inputs.budget_bytes
-        self.tau2 = np.tile(trace.duration_us.astype(np.float64), 2)
+        self.budget_bytes = inputs.budget_bytes
+        self.duration_us_twice = np.tile(trace.duration_us.astype(np.float64), 2)
         self.prefix_us = unrolled_prefix_us(trace.duration_us)
         self.periods = find_periods(trace, self.prefix_us)
         # A Python copy for the cheap bounds in _refresh() (read one item at a time).
-        self.period_bytes_f = self.periods.nbytes.astype(np.float64)
-        self.period_bytes = self.period_bytes_f.tolist()
-        self.m0 = memory_curve(trace, inputs.headroom_bytes)
+        self.period_bytes_float = self.periods.nbytes.astype(np.float64)
+        self.period_bytes = self.period_bytes_float.tolist()
+        self.demand_bytes = memory_curve(trace, inputs.headroom_bytes)
         # float64 holds byte counts exactly up to 2**53 (8 PiB). Only the excess over the budget
         # is kept during planning (Note [Blocked excess]); M itself is rebuilt from the picks.
-        self.excess = ledger.Excess(np.tile(np.maximum(self.m0 - self.budget, 0), 2).astype(np.float64), self.tau2)
+        excess_bytes = np.maximum(self.demand_bytes - self.budget_bytes, 0)
+        self.excess = ledger.Excess(np.tile(excess_bytes, 2).astype(np.float64), self.duration_us_twice)
         self._recount()
-        self.host_occ2 = np.zeros(2 * self.num_k, dtype=np.int64)
-        self.capacity = {OUT_PATH[t]: self.tau2 * self.rates.peak(t, True) for t in TIERS}
-        self.capacity |= {IN_PATH[t]: self.tau2 * self.rates.peak(t, False) for t in TIERS}
+        self.host_bytes_twice = np.zeros(2 * self.num_k, dtype=np.int64)
+        self.capacity = {OUT_PATH[t]: self.duration_us_twice * self.rates.peak(t, True) for t in TIERS}
+        self.capacity |= {IN_PATH[t]: self.duration_us_twice * self.rates.peak(t, False) for t in TIERS}
         # Residual bytes per path, inside running sums: a walk is a binary search in one of them.
         # Both tiers of one direction share one running sum, back to back (each from a block
         # start), so one search walks the rows of both tiers: numpy's cost per call dominates.
@@ -97,20 +99,20 @@ class _Planner:
             [ledger.padded(self.capacity[path[t]], segment) for t in TIERS])) for d, path in DIRECTIONS}
         self.ledgers = {path[t]: self.residual_sums[d].values[off:off + 2 * self.num_k]
                         for d, path in DIRECTIONS for t, off in self.tier_offset.items()}
-        # What both tiers together put on the link each kernel (never above pcie * tau).
-        self.link_bytes = {"out": np.zeros_like(self.tau2), "in": np.zeros_like(self.tau2)}
+        # What both tiers together put on the link each kernel (never above pcie rate * duration).
+        self.link_bytes = {"out": np.zeros_like(self.duration_us_twice), "in": np.zeros_like(self.duration_us_twice)}
         self.tiers = [t for t in TIERS if self._tier_on(t)]
         self.latency_ok = {t: self._fits_latency(t, self.periods) for t in self.tiers}
-        self.host_peak = 0
+        self.host_peak_bytes = 0
         self.away: list[tuple[int, int, int]] = []  # (lo, hi, nbytes): kernels a pick is away over
         self.version = 0
 
     def _recount(self) -> None:
         """What run() reads after every pick: kernels still over budget, and the excess mass
-        (sum of tau * excess over one iteration, byte*us): no period can relieve more, so
+        (sum of duration * excess over one iteration, byte*us): no period can relieve more, so
         mass / nbytes bounds any period's benefit per byte at O(1) (see _refresh())."""
         self.over_kernels = self.excess.over_kernels()
-        self.excess_mass = max(0.0, self.excess.mass())
+        self.excess_byte_us = max(0.0, self.excess.mass())
 
     def _tier_on(self, tier: str) -> bool:
         return self.rates.peak(tier, True) > 0 and self.rates.peak(tier, False) > 0
@@ -119,15 +121,16 @@ class _Planner:
 
     def initial_keys(self) -> tuple[np.ndarray, np.ndarray]:
         """(period indices, upper bound of benefit per byte) for every period some tier can carry."""
-        over = np.concatenate(([0.0], np.cumsum(self.tau2 * np.tile(self.m0 > self.budget, 2))))
+        over = np.tile(self.demand_bytes > self.budget_bytes, 2)
+        over_prefix_us = np.concatenate(([0.0], np.cumsum(self.duration_us_twice * over)))
         best = np.zeros(len(self.periods))
         for tier in self.tiers:
-            best = np.maximum(best, self._tier_bound(tier, over))
-        floor = min(MIN_OFFLOAD_BYTES, self.budget * MIN_OFFLOAD_BUDGET_SHARE)
+            best = np.maximum(best, self._tier_bound(tier, over_prefix_us))
+        floor = min(MIN_OFFLOAD_BYTES, self.budget_bytes * MIN_OFFLOAD_BUDGET_SHARE)
         keep = np.flatnonzero((best > 0) & (self.periods.nbytes >= floor))
         return keep, best[keep]
 
-    def _tier_bound(self, tier: str, over_prefix: np.ndarray) -> np.ndarray:
+    def _tier_bound(self, tier: str, over_prefix_us: np.ndarray) -> np.ndarray:
         p = self.periods
         t_off = _first_done(self._cap_prefix(tier, True), p.start + 1, p.nbytes)
         t_pre = _last_start(self._cap_prefix(tier, False), p.end, p.nbytes)
@@ -135,7 +138,7 @@ class _Planner:
         if tier == "host":
             ok &= p.nbytes <= self.inputs.host_mem_bytes
         lo, hi = np.clip(t_off + 1, 0, 2 * self.num_k), np.clip(t_pre, 0, 2 * self.num_k)
-        return np.where(ok, over_prefix[np.maximum(hi, lo)] - over_prefix[lo], 0.0)
+        return np.where(ok, over_prefix_us[np.maximum(hi, lo)] - over_prefix_us[lo], 0.0)
 
     def _cap_prefix(self, tier: str, outbound: bool) -> np.ndarray:
         path = OUT_PATH[tier] if outbound else IN_PATH[tier]
@@ -155,7 +158,7 @@ class _Planner:
         ok, t_off, t_pre = self._walk_tiers(ids)  # rows tier by tier
         # One relief pass for the viable rows of both tiers.
         lo, hi = t_off[ok] + 1, t_pre[ok]
-        nbytes = _stacked(self.period_bytes_f[ids], len(self.tiers))[ok]
+        nbytes = _stacked(self.period_bytes_float[ids], len(self.tiers))[ok]
         # Only memory actually above the budget counts: at a kernel that is 1 MiB over, taking
         # away 1 GiB relieves 1 MiB, not 1 GiB. The paper's s * time counts the whole size,
         # which favours big tensors over long stretches where little is over budget.
@@ -193,7 +196,7 @@ class _Planner:
         """
         p, sums, tiers = self.periods, self.residual_sums, self.tiers
         offset = np.repeat([self.tier_offset[t] for t in tiers], len(ids))
-        end, nbytes = _stacked(p.end[ids], len(tiers)) + offset, _stacked(self.period_bytes_f[ids], len(tiers))
+        end, nbytes = _stacked(p.end[ids], len(tiers)) + offset, _stacked(self.period_bytes_float[ids], len(tiers))
         t_off = ledger.walk_many(sums["out"], _stacked(p.start[ids], len(tiers)) + offset + 1, end, nbytes, True)
         t_pre = ledger.walk_many(sums["in"], t_off + 1, end, nbytes, False)
         ok = (t_off >= 0) & (t_pre - t_off >= 2)  # then t_pre >= 0 too
@@ -204,33 +207,33 @@ class _Planner:
 
     def _host_room(self, ids: np.ndarray) -> np.ndarray:
         """Whether the pinned pool can hold each tensor over its whole period."""
-        s, cap = self.periods.nbytes[ids], self.inputs.host_mem_bytes
-        room = s + self.host_peak <= cap  # the common case: the pool is nowhere near full
-        for row in np.flatnonzero(~room & (s <= cap)):
+        nbytes, pool_bytes = self.periods.nbytes[ids], self.inputs.host_mem_bytes
+        room = nbytes + self.host_peak_bytes <= pool_bytes  # the common case: the pool is nowhere near full
+        for row in np.flatnonzero(~room & (nbytes <= pool_bytes)):
             i = ids[row]
             a, e = int(self.periods.start[i]), int(self.periods.end[i])
-            room[row] = self.host_occ2[a + 1:e].max() + s[row] <= cap
+            room[row] = self.host_bytes_twice[a + 1:e].max() + nbytes[row] <= pool_bytes
         return room
 
     # --- taking a period
 
     def accept(self, i: int, choice: Choice) -> PlanEntry:
-        p, s = self.periods, int(self.periods.nbytes[i])
+        p, nbytes = self.periods, int(self.periods.nbytes[i])
         a, e, tier = int(p.start[i]), int(p.end[i]), choice.tier
         link = self.link_bytes
         for path, direction, lo, hi, forward in ((OUT_PATH[tier], "out", a + 1, choice.offload_by + 1, True),
                                                  (IN_PATH[tier], "in", choice.prefetch_at, e, False)):
-            slots, taken = ledger.reserve(self.residual_sums[direction], lo, hi, s, forward,
+            slots, taken = ledger.reserve(self.residual_sums[direction], lo, hi, nbytes, forward,
                                           self.tier_offset[tier], 2 * self.num_k)
             link[direction][slots] += taken  # slots and taken hold both mirrors
         lo, hi = choice.offload_by + 1, choice.prefetch_at
-        self.away.append((lo, hi, s))
-        self.excess.lower_mirrored(lo, hi, s)
+        self.away.append((lo, hi, nbytes))
+        self.excess.lower_mirrored(lo, hi, nbytes)
         self._recount()
         if tier == "host":
             # The pool holds the bytes from the start of the copy-out to the end of the copy-in.
-            ledger.mirror_add(self.host_occ2, a + 1, e, s)
-            self.host_peak = max(self.host_peak, int(self.host_occ2[a + 1:e].max()))
+            ledger.mirror_add(self.host_bytes_twice, a + 1, e, nbytes)
+            self.host_peak_bytes = max(self.host_peak_bytes, int(self.host_bytes_twice[a + 1:e].max()))
         return self._entry(i, choice)
 
     def claimed_memory(self) -> np.ndarray:
@@ -240,7 +243,7 @@ class _Planner:
             diff[lo] -= nbytes
             diff[hi] += nbytes
         away = np.cumsum(diff[:2 * self.num_k])
-        return self.m0 + np.rint(away[:self.num_k] + away[self.num_k:]).astype(np.int64)
+        return self.demand_bytes + np.rint(away[:self.num_k] + away[self.num_k:]).astype(np.int64)
 
     def _entry(self, i: int, c: Choice) -> PlanEntry:
         p, t, n = self.periods, int(self.periods.tensor[i]), self.num_k
@@ -261,15 +264,15 @@ class _Planner:
     def peak(self) -> int:
         """The highest M now (from the excess: M is only kept exact where it is over budget)."""
         if self.over_kernels > 0:
-            return self.budget + int(round(self.excess.max_excess()))
+            return self.budget_bytes + int(round(self.excess.max_excess()))
         return int(self.claimed_memory().max()) if self.num_k else 0
 
     def run(self, progress: Callable[[float], None] | None) -> list[PlanEntry]:
         """Pick periods until the budget holds or nothing viable is left (Note [Lazy greedy])."""
         self.evaluations, self.version = 0, 0
         entries: list[PlanEntry] = []
-        first_excess = self.peak() - self.budget
-        if first_excess <= 0:
+        first_excess_bytes = self.peak() - self.budget_bytes
+        if first_excess_bytes <= 0:
             return entries
         idx, keys = self.initial_keys()
         self.heap = [(-float(k), int(i), -1) for k, i in zip(keys, idx)]  # (-bound, period, version)
@@ -288,7 +291,7 @@ class _Planner:
             entries.append(self.accept(pick, self.fresh[pick]))
             self.taken[pick], self.version, self.fresh, batch = True, self.version + 1, {}, FIRST_BATCH
             if progress is not None and len(entries) % PROGRESS_EVERY_PICKS == 0:
-                progress(min(1.0, 1 - (self.peak() - self.budget) / first_excess))
+                progress(min(1.0, 1 - (self.peak() - self.budget_bytes) / first_excess_bytes))
         return entries
 
     def _drop_taken(self) -> bool:
@@ -323,7 +326,7 @@ class _Planner:
             # A cheap bound first: no period relieves more than all the excess mass. (Bounds from
             # block sums over each window were tried: they saved evaluations but sent many more
             # bounds back into the heap, pick after pick, and cost more than they saved.)
-            bound = min(-neg, self.excess_mass / nbytes[i])
+            bound = min(-neg, self.excess_byte_us / nbytes[i])
             if bound < threshold:
                 heapq.heapreplace(heap, (-bound, i, -1))  # one sift instead of a pop and a push
                 continue
@@ -339,8 +342,8 @@ class _Planner:
     def result(self, entries: list[PlanEntry]) -> PlannerResult:
         n = self.num_k
         return PlannerResult(
-            entries=entries, memory_bytes=self.claimed_memory(), memory_before_bytes=self.m0,
-            host_pool_bytes=int(self.host_occ2[:n].max()) if n else 0,
+            entries=entries, memory_bytes=self.claimed_memory(), memory_before_bytes=self.demand_bytes,
+            host_pool_bytes=int(self.host_bytes_twice[:n].max()) if n else 0,
             ledgers={k: v[:n].copy() for k, v in self.ledgers.items()},
             capacity={k: v[:n].copy() for k, v in self.capacity.items()},
             link_bytes={k: v[:n].copy() for k, v in self.link_bytes.items()},

@@ -37,14 +37,14 @@ class _Transfer:
     link: str
     key: tuple
     outbound: bool
-    remaining: float = 0.0
-    rate: float = 0.0
+    remaining_bytes: float = 0.0
+    bytes_per_us: float = 0.0
     owner: "_Instance | None" = None
     done: bool = False
     cancelled: bool = False
 
     def __post_init__(self):
-        self.remaining = float(self.nbytes)
+        self.remaining_bytes = float(self.nbytes)
 
 
 @dataclass
@@ -102,28 +102,28 @@ def _unroll(entry, num_k: int) -> tuple[int, int, int, int]:
     return a, up(entry.offload_by), up(entry.prefetch_at), up(entry.needed_by)
 
 
-def planned_memory(m0: np.ndarray, plan: Plan) -> np.ndarray:
+def planned_memory(demand_bytes: np.ndarray, plan: Plan) -> np.ndarray:
     """The planner's claim: M[k] minus every tensor planned away over (offload_by, prefetch_at)."""
-    num_k = len(m0)
+    num_k = len(demand_bytes)
     diff = np.zeros(2 * num_k + 1, dtype=np.int64)
     for entry in plan.entries:
         _, o, p, _ = _unroll(entry, num_k)
         diff[o + 1] -= entry.nbytes
         diff[p] += entry.nbytes
     away = np.cumsum(diff[:2 * num_k])
-    return m0 + away[:num_k] + away[num_k:]
+    return demand_bytes + away[:num_k] + away[num_k:]
 
 
 class _Sim:
     def __init__(self, trace: Trace, plan: Plan, inputs: PlannerInputs):
         self.num_k = trace.num_kernels
-        self.tau = trace.duration_us.astype(np.float64)
-        self.m0 = memory_curve(trace, inputs.headroom_bytes)
-        self.budget = inputs.budget_bytes
-        self.allowed = np.maximum(planned_memory(self.m0, plan), self.budget)
+        self.duration_us = trace.duration_us.astype(np.float64)
+        self.demand_bytes = memory_curve(trace, inputs.headroom_bytes)
+        self.budget_bytes = inputs.budget_bytes
+        self.allowed_bytes = np.maximum(planned_memory(self.demand_bytes, plan), self.budget_bytes)
         r = rates(inputs)
-        self.path_rate = {p: r.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
-        self.clock = self.settled_at = 0.0
+        self.path_bytes_per_us = {p: r.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
+        self.clock_us = self.settled_at_us = 0.0
         # One queue per path, sorted by priority. All transfers on a path share its caps, so
         # only each queue's head moves at any time: rates are handed out to four heads.
         self.queues: dict[str, list[tuple]] = {p: [] for p in ("d2s", "s2d", "d2h", "h2d")}
@@ -169,7 +169,7 @@ class _Sim:
         self.seq += 1
         key = (deadline, int(outbound), self.seq)
         tr = _Transfer(inst.nbytes, path, "out" if outbound else "in", key, outbound, owner=inst)
-        self._settle(self.clock)
+        self._settle(self.clock_us)
         self._insert(tr)
         self._assign_rates()
         return tr
@@ -185,60 +185,60 @@ class _Sim:
 
     def _assign_rates(self) -> None:
         """SSD transfers take the link first, host ones what is left (Note [Bandwidth model])."""
-        left = dict(self.path_rate)
+        left_bytes_per_us = dict(self.path_bytes_per_us)
         self.running = []
         heads = [self.queues[p][0][1] for p in ("d2s", "s2d", "d2h", "h2d") if self.queues[p]]
         for tr in heads:
-            tr.rate = min(left[tr.path], left[tr.link])
-            if tr.rate > 0:
-                left[tr.path] -= tr.rate
-                left[tr.link] -= tr.rate
+            tr.bytes_per_us = min(left_bytes_per_us[tr.path], left_bytes_per_us[tr.link])
+            if tr.bytes_per_us > 0:
+                left_bytes_per_us[tr.path] -= tr.bytes_per_us
+                left_bytes_per_us[tr.link] -= tr.bytes_per_us
                 self.running.append(tr)
-            if left["out"] <= 0 and left["in"] <= 0:
+            if left_bytes_per_us["out"] <= 0 and left_bytes_per_us["in"] <= 0:
                 break
         self._next_completion()
 
     def _next_completion(self) -> None:
         best = (np.inf, None)
         for tr in self.running:
-            t = self.settled_at + tr.remaining / tr.rate
-            if t < best[0]:
-                best = (t, tr)
+            t_us = self.settled_at_us + tr.remaining_bytes / tr.bytes_per_us
+            if t_us < best[0]:
+                best = (t_us, tr)
         self.next_done = best
 
-    def _settle(self, t: float) -> None:
-        dt = t - self.settled_at
-        if dt > 0:
+    def _settle(self, t_us: float) -> None:
+        dt_us = t_us - self.settled_at_us
+        if dt_us > 0:
             for tr in self.running:
-                tr.remaining -= tr.rate * dt
-        self.settled_at = max(self.settled_at, t)
+                tr.remaining_bytes -= tr.bytes_per_us * dt_us
+        self.settled_at_us = max(self.settled_at_us, t_us)
 
     def _complete_due(self) -> None:
         """Finish every transfer whose bytes are all moved at settled_at."""
-        finished = [tr for tr in self.running if tr.remaining <= _DONE_REL * tr.nbytes + 1e-6]
+        finished = [tr for tr in self.running if tr.remaining_bytes <= _DONE_REL * tr.nbytes + 1e-6]
         if not finished:
             finished = [self.next_done[1]]  # rounding: it was due now
         for tr in finished:
-            tr.done, tr.remaining = True, 0.0
+            tr.done, tr.remaining_bytes = True, 0.0
             self._remove(tr)
             if tr.outbound:
                 tr.owner.away = True
                 self.offloaded_bytes += int(tr.nbytes)
         self._assign_rates()
 
-    def _advance(self, target: float) -> None:
+    def _advance(self, target_us: float) -> None:
         """Move the clock to target, finishing every transfer due on the way."""
-        while self.next_done[0] <= target:
+        while self.next_done[0] <= target_us:
             self._settle(self.next_done[0])
             self._complete_due()
-        self.clock = max(self.clock, target)
+        self.clock_us = max(self.clock_us, target_us)
 
     def _advance_one(self) -> bool:
         """Jump to the next completion (a stall); False when nothing is moving."""
         if self.next_done[1] is None:
             return False
-        self.clock = max(self.clock, self.next_done[0])
-        self._advance(self.clock)
+        self.clock_us = max(self.clock_us, self.next_done[0])
+        self._advance(self.clock_us)
         return True
 
     # --- the kernel loop
@@ -247,7 +247,7 @@ class _Sim:
         off = inst.offload
         if off is not None and not off.done:
             # Still copying out: stop, the device copy is intact, nothing to bring back.
-            self._settle(self.clock)
+            self._settle(self.clock_us)
             self._remove(off)
             off.cancelled = True
             self.cancelled += 1
@@ -263,7 +263,7 @@ class _Sim:
         """Stall until tr is back; it jumps every queue. True when the kernel had to wait."""
         if tr.done:
             return False
-        self._settle(self.clock)
+        self._settle(self.clock_us)
         self._remove(tr)
         tr.key = (URGENT,) + tr.key[1:]
         self._insert(tr)
@@ -275,7 +275,7 @@ class _Sim:
     def _wait_for_memory(self, g: int) -> bool:
         waited = False
         k = g % self.num_k
-        while self.m0[k] - self.offloaded_bytes > self.allowed[k]:
+        while self.demand_bytes[k] - self.offloaded_bytes > self.allowed_bytes[k]:
             if not (self.queues["d2s"] or self.queues["d2h"]) or not self._advance_one():
                 break
             waited = True
@@ -286,7 +286,7 @@ class _Sim:
             self.bytes_by_path[tr.path] += int(tr.nbytes)
 
     def _before_kernel(self, g: int) -> tuple[bool, bool]:
-        self._advance(self.clock)
+        self._advance(self.clock_us)
         todo = self.events.before.get(g, ())
         for what, inst, deadline in todo:
             if what == "prefetch":
@@ -306,25 +306,25 @@ class _Sim:
         n = self.num_k
         self.cancelled, self.measuring = 0, False
         self.bytes_by_path = {p: 0 for p in ("d2s", "s2d", "d2h", "h2d")}
-        memory = np.zeros(n, dtype=np.int64)
+        memory_bytes = np.zeros(n, dtype=np.int64)
         stalls = [0, 0]
         start_us = stall_us = 0.0
         for g in range(2 * n):
             if g == n:
-                self.measuring, self.cancelled, start_us = True, 0, self.clock
-            ready_us = self.clock
+                self.measuring, self.cancelled, start_us = True, 0, self.clock_us
+            ready_us = self.clock_us
             input_stall, memory_stall = self._before_kernel(g)
             if self.measuring:
-                stall_us += self.clock - ready_us
+                stall_us += self.clock_us - ready_us
                 stalls[0] += input_stall
                 stalls[1] += memory_stall
-                memory[g - n] = self.m0[g - n] - self.offloaded_bytes
-            self._advance(self.clock + self.tau[g % n])
+                memory_bytes[g - n] = self.demand_bytes[g - n] - self.offloaded_bytes
+            self._advance(self.clock_us + self.duration_us[g % n])
             self._after_kernel(g)
         return SimResult(
-            iteration_ms=(self.clock - start_us) / 1e3, ideal_iteration_ms=float(self.tau.sum()) / 1e3,
+            iteration_ms=(self.clock_us - start_us) / 1e3, ideal_iteration_ms=float(self.duration_us.sum()) / 1e3,
             stall_ms=stall_us / 1e3, input_stalls=stalls[0], memory_stalls=stalls[1],
-            peak_bytes=int(memory.max()) if n else 0, budget_bytes=self.budget, memory_bytes=memory,
+            peak_bytes=int(memory_bytes.max()) if n else 0, budget_bytes=self.budget_bytes, memory_bytes=memory_bytes,
             bytes_by_path=self.bytes_by_path, cancelled_offloads=self.cancelled,
         )
 

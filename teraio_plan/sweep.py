@@ -1,4 +1,4 @@
-"""The roofline: predicted throughput against migration bandwidth (PAPER.md, Figure 3)."""
+"""The roofline: predicted throughput against migration bandwidth (the paper's Figure 3, docs/paper.md)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
