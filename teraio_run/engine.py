@@ -6,7 +6,7 @@ rests on; plan actions are performance hints layered on top.
 
 A storage leaves device memory by `untyped_storage().resize_(0)` after its bytes are safely
 in a tier, and comes back by `resize_(nbytes)` and a copy in: every view and every
-saved-for-backward reference sees the data again (DESIGN.md, runtime mechanics).
+saved-for-backward reference sees the data again (docs/design.md, Moving a tensor out and back).
 
 States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching -> resident,
 and lost: a swap file that could not be read back (Note [Lost swap files]).
