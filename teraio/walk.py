@@ -591,7 +591,8 @@ class OpWalk(TorchDispatchMode):
                 record.kind = Kind.other
         if waited:
             self._waited = records
-            self._waited_on = torch.cuda.current_stream() if self.device_type == "cuda" else None
+            cuda = self.device_type == "cuda"
+            self._waited_on = torch.cuda.current_stream(torch.cuda.current_device()) if cuda else None
 
     def _collective_waited(self) -> None:
         """The next op after a collective called with async_op=False: its caller has waited.

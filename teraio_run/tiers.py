@@ -89,7 +89,7 @@ class Transfer:
         if self.future is not None:
             return self.error_when_done()
         if self.event is not None:
-            torch.cuda.current_stream().wait_event(self.event)  # device-side: no host sync
+            compute_stream().wait_event(self.event)  # device-side: no host sync
         return None
 
     def error_when_done(self) -> CopyFailed | None:
@@ -134,15 +134,28 @@ def timed(fn, *args) -> tuple[float, float]:
     return t0, time.perf_counter()
 
 
+def compute_stream() -> torch.cuda.Stream:
+    """The stream the job's ops run on now. Not torch.cuda.current_stream() without a device:
+    that finds the current device through is_available() and environment lookups every time,
+    and with the `with torch.cuda.stream()` and `Event.record()` that call it too, it was the
+    largest share of a planned op's host time on the H200 (docs/runtime.md, host cost)."""
+    return torch.cuda.current_stream(torch.cuda.current_device())
+
+
 def _stream_copy(stream, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor):
     """dst.copy_(src) on `stream` between two timing events; `keep_alive`'s block is not
-    reused by the allocator before the copy has passed (record_stream)."""
-    with torch.cuda.stream(stream):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    reused by the allocator before the copy has passed (record_stream). The stream is set and
+    restored by hand for the reason in compute_stream."""
+    compute = compute_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.set_stream(stream)
+    try:
+        start.record(stream)
         dst.copy_(src, non_blocking=True)
         keep_alive.record_stream(stream)
-        end.record()
+        end.record(stream)
+    finally:
+        torch.cuda.set_stream(compute)
     return start, end
 
 
@@ -310,7 +323,7 @@ class HostTier:
         dst, src = self.pool.slice(slot, nbytes), byte_view(storage)
         if not self.cuda:
             return cpu_copy(self.threads, "d2h", dst, src)
-        self.d2h_stream.wait_stream(torch.cuda.current_stream())  # read finished data
+        self.d2h_stream.wait_stream(compute_stream())  # read finished data
         start, end = _stream_copy(self.d2h_stream, dst, src, keep_alive=src)
         return Transfer("d2h", nbytes, event=end, start=start)
 
@@ -319,7 +332,7 @@ class HostTier:
         dst, src = byte_view(storage), self.pool.slice(slot, nbytes)
         if not self.cuda:
             return cpu_copy(self.threads, "h2d", dst, src)
-        self.h2d_stream.wait_stream(torch.cuda.current_stream())  # the new block is free to write
+        self.h2d_stream.wait_stream(compute_stream())  # the new block is free to write
         if after_out is not None and after_out.event is not None:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
         # keep_alive=dst: if the tensor is freed before its use, the block is not reused under the copy
@@ -440,7 +453,7 @@ class SsdTier:
         if not self.cuda:
             return None
         event = torch.cuda.Event()
-        event.record()
+        event.record(compute_stream())
         return event
 
     def _io(self, op, chunks, data, ready) -> tuple[float, float] | CopyFailed:
