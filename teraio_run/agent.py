@@ -77,7 +77,7 @@ class RunAgent(WalkListener):
         self.guard_reason = ""
         self.plan_pauses = 0
         self.pause_reason = ""   # the first one, for the report
-        self.log = IterationLog(engine, self.walk)
+        self.log = IterationLog(engine, self.walk, self.keeper)
 
     @property
     def device_name(self) -> str:

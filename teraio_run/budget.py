@@ -32,6 +32,7 @@ class BudgetKeeper:
         self.tick = 0
         self.last_use: dict[int, int] = {}   # storage key -> tick of its last use
         self.peak_bytes = 0
+        self.iteration_peak_bytes = 0        # the same since the iteration began (take_iteration_peak)
         self.grew = False                    # a prefetch or restore since the last budget check
         self._ddp = None                     # whether the model is wrapped in DDP, known at the first gradient
         # Note [Bounding the check]: resident bytes at the last exact count, and the running
@@ -168,6 +169,15 @@ class BudgetKeeper:
         if resident > self.budget_bytes > 0 and not self.holds:
             resident = self._evict(resident, {r.key for r in in_use})
         self.peak_bytes = max(self.peak_bytes, resident)
+        self.iteration_peak_bytes = max(self.iteration_peak_bytes, resident)
+
+    def take_iteration_peak(self) -> int:
+        """The most resident bytes counted since the last call (the run report's per-iteration
+        row). Counts are skipped while they cannot pass the budget or the run's peak (Note
+        [Bounding the check]), so this is a lower bound of the iteration's own peak, exact for
+        an iteration that set the run's."""
+        peak, self.iteration_peak_bytes = self.iteration_peak_bytes, 0
+        return peak
 
     def _wait_for_offloads(self) -> int:
         """Over budget while planned copies are still going out: they are what the plan

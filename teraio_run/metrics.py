@@ -8,9 +8,10 @@ class IterationLog:
     """Reads the engine's and the walk's running totals at each iteration end and keeps the
     differences; the agent counts its own plan actions into `counts` meanwhile."""
 
-    def __init__(self, engine, walk):
+    def __init__(self, engine, walk, keeper):
         self.engine = engine
         self.walk = walk
+        self.keeper = keeper
         self.iteration_s: list[float] = []
         self.rows: list[dict] = []
         self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
@@ -25,7 +26,8 @@ class IterationLog:
         row = {key: value - self._last_totals.get(key, 0) for key, value in totals.items()}
         row.update(self.counts, iteration=iteration, followed_plan=followed_plan, kernels=num_kernels,
                    paused_at_kernel=paused_at, ms=self.iteration_s[-1] * 1e3,
-                   host_pool_peak_bytes=self._host_pool_peak())
+                   host_pool_peak_bytes=self._host_pool_peak(),
+                   resident_peak_bytes=self.keeper.take_iteration_peak())
         self.rows.append(row)
         self._last_totals = totals
         self.counts = dict.fromkeys(self.counts, 0)

@@ -61,9 +61,11 @@ def memory_figure(f: RunFiles, curves: dict | None) -> Figure:
         _hline(fig, budget / scale, n, "budget", BUDGET_COLOR, "dash", unit)
     if f.report is not None:
         _hline(fig, f.report.peak_device_bytes / scale, n, "measured peak of the run", RUN_COLOR, "dot", unit)
+        _iteration_peaks(fig, f.report, n, scale, unit)
     layout(fig, 460, hovermode="x unified", xaxis_title=KERNEL_AXIS, yaxis_title=unit)
     caption = ("Traced demand stacked by kind of tensor (nothing moved), the plan's memory (as the planner "
-               "promised it, and as the simulator replays it), the budget and the run's measured peak. "
+               "promised it, and as the simulator replays it), the budget, the run's measured peak, and at the "
+               "right edge each iteration's peak as the budget keeper counted it (a lower bound). "
                f"{n} kernels; curves keep each bucket's highest and lowest kernel, so peaks are exact.")
     return Figure("memory", "Memory over one iteration", caption, fig, 460)
 
@@ -87,6 +89,18 @@ def _budget_bytes(f: RunFiles) -> int | None:
     return f.report.budget_bytes if f.report is not None else None
 
 
+def _iteration_peaks(fig, report, num_kernels: int, scale: float, unit: str) -> None:
+    """Each iteration's counted peak as a marker at the right edge (reports written before the
+    field have zeros there: nothing is drawn)."""
+    rows = [r for r in report.per_iteration if r.resident_peak_bytes]
+    if not rows:
+        return
+    fig.add_trace(go.Scatter(
+        x=[num_kernels] * len(rows), y=[r.resident_peak_bytes / scale for r in rows], mode="markers",
+        name="peak of each iteration (run)", marker=dict(color=RUN_COLOR, symbol="line-ew-open", size=14),
+        customdata=[r.iteration for r in rows], hovertemplate=f"iteration %{{customdata}}: %{{y:.4g}} {unit}"))
+
+
 # --- the run, iteration by iteration
 
 def iterations_figure(f: RunFiles) -> Figure:
@@ -105,8 +119,8 @@ def iterations_figure(f: RunFiles) -> Figure:
                                  name="predicted by the plan", line=dict(color=REPLAY_COLOR, dash="dash")))
     layout(fig, 360, xaxis_title="iteration of the run", yaxis_title="ms", bargap=0.2)
     caption = (f"{f.report.iterations} iterations, {f.report.iterations_on_plan} on plan (orange; grey: the "
-               "job's first iterations or ones unlike the trace, run without the plan). The report keeps one "
-               "peak for the whole run, drawn on the memory figure.")
+               "job's first iterations or ones unlike the trace, run without the plan). Each iteration's "
+               "peak is drawn on the memory figure.")
     return Figure("iterations", "The run, iteration by iteration", caption, fig, 360, wide=False)
 
 

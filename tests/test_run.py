@@ -80,6 +80,9 @@ def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path)
     assert all(report.achieved_gbps.get(path, 0) > 0 for path in ("d2h", "h2d", "d2s", "s2d"))
     planned = [row for row in report.per_iteration if row.followed_plan]
     assert all(0 < row.copy_busy_ms for row in planned)  # what tells a link-bound iteration
+    # each iteration's peak (teraio view draws them): counted, within the budget, the run's the highest
+    peaks = [row.resident_peak_bytes for row in report.per_iteration]
+    assert all(0 < peak <= report.budget_bytes for peak in peaks) and max(peaks) == report.peak_device_bytes
     assert report.guard_trips <= 1  # the checkpoint at step 4 adds ops to one iteration
 
 

@@ -44,6 +44,9 @@ class IterationRow(Strict):
                                 "summed): near the iteration time, the iteration is bound by the links")
     other_tier_bytes: int = Field(0, description="offloads put on the other tier: the host pool had no room")
     host_pool_peak_bytes: int = Field(0, description="the most the host pool held at once")
+    resident_peak_bytes: int = Field(0, description="the most device bytes the budget keeper counted resident "
+                                     "in this iteration: a lower bound of its peak (counts are skipped while "
+                                     "they cannot pass the budget or the run's peak so far)")
     paused_at_kernel: int = Field(-1, description="the kernel where an op unlike the trace's paused the plan "
                                   "for the rest of the iteration (-1: not paused)")
 
