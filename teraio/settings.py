@@ -35,6 +35,7 @@ class Settings:
     # run
     plan: str = ""                       # plan file (per-rank: path with .rankN inserted)
     report: str = ""                     # run report path ("" = no file, summary only)
+    clean_copies: bool = True            # release unwritten storages without copying (Note [Clean copies])
     # set by torchrun, not by us
     rank: int = 0
     world_size: int = 1

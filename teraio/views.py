@@ -15,9 +15,10 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured vs "
               f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
-    table = Table("tier", "offloaded", "prefetched", title_justify="left")
+    table = Table("tier", "offloaded", "written", "prefetched", title_justify="left")
     for tier in sorted(r.offloaded_bytes):
-        table.add_row(tier, format_bytes(r.offloaded_bytes[tier]), format_bytes(r.prefetched_bytes.get(tier, 0)))
+        written = format_bytes(r.written_bytes[tier]) if tier in r.written_bytes else "–"
+        table.add_row(tier, format_bytes(r.offloaded_bytes[tier]), written, format_bytes(r.prefetched_bytes.get(tier, 0)))
     out.print(table)
     if r.achieved_gbps:
         out.print("  achieved: " + ", ".join(f"{path} {gbps:.3g} GB/s" for path, gbps in r.achieved_gbps.items()))

@@ -47,6 +47,15 @@ cycle (Note [Steady state] in teraio_profile/recorder.py) and writes it into the
 plan carries it to the runtime. Counting from the first step is what lines profile and run
 up: both see the same steps in the same order.
 
+Note [Writes]
+Each record counts the ops that wrote its storage in place: the arguments an op's schema marks
+`Tensor(a!)` (in-place ops, `out=`, the optimizers' fused and foreach steps, collectives),
+counted after the op ran, views included (they share the storage). The runtime keeps a tier's
+copy of a storage it brought back and releases the storage again without copying while the
+count has not moved (Note [Clean copies] in teraio_run/engine.py). A write that no ATen op makes
+(a C++ extension handed a data pointer, a library writing through DLPack) is not counted:
+`teraio run --no-clean-copies` is for such jobs.
+
 Note [Multi-tensor ops]
 A fused or foreach optimizer step (`_fused_adamw_`, `_foreach_mul_`, ...) is one ATen op over
 every parameter, gradient and state tensor: as one kernel it needs all of them on the device
@@ -81,7 +90,7 @@ class StorageRecord:
     """What the walk knows of one live storage."""
 
     __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration", "pinned",
-                 "collective")
+                 "collective", "writes")
 
     def __init__(self, key, tensor_id, kind, tensor, storage, iteration):
         self.key = key
@@ -95,6 +104,7 @@ class StorageRecord:
         self.born_iteration = iteration
         self.pinned = False   # never moved (Note [Collective buffers], Note [FSDP2 unsharded parameters])
         self.collective = None  # the c10d Work of the last collective on it (Note [Collective buffers])
+        self.writes = 0         # ops that wrote it in place since the walk met it (Note [Writes])
 
     def in_collective(self) -> bool:
         """Whether a collective may still read or write it (Note [Collective buffers])."""
@@ -195,6 +205,19 @@ def op_structure(func, out_tensors: list) -> int:
 def op_signatures(func, out_tensors: list) -> tuple[int, int]:
     """Both, for the profiler, which records exact signatures and settles on structure."""
     return op_signature(func, out_tensors), op_structure(func, out_tensors)
+
+
+_written: dict = {}
+
+
+def written_arguments(func) -> tuple[tuple[int, str], ...]:
+    """(position, name) of each argument the op writes in place, `Tensor(a!)` in its schema
+    (`out=` arguments too): Note [Writes]."""
+    found = _written.get(func)
+    if found is None:
+        found = _written[func] = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                                       if arg.alias_info is not None and arg.alias_info.is_write)
+    return found
 
 
 _multi_tensor: dict = {}
@@ -543,6 +566,9 @@ class OpWalk(TorchDispatchMode):
         t1 = perf_counter()
         out = self._call(func, args, kwargs, inputs)
         t2 = perf_counter()
+        written = written_arguments(func)
+        if written:
+            self._count_writes(written, args, kwargs)
         if func.namespace == "c10d":
             self._pin(inputs, _work_of(out), _waited_by_caller(func, args, kwargs))
         out_tensors = tensors_in(out, [])
@@ -553,6 +579,13 @@ class OpWalk(TorchDispatchMode):
         host_s["ops"] += t2 - t1
         host_s["walk"] += perf_counter() - t2 + t1 - t0
         return out
+
+    def _count_writes(self, written, args, kwargs) -> None:
+        """Note [Writes]: every storage an op wrote in place counts one more write."""
+        for position, name in written:
+            value = args[position] if position < len(args) else kwargs.get(name)
+            for record in self._records_of(tensors_in(value, []), None, None, create=False):
+                record.writes += 1
 
     def _call(self, func, args, kwargs, inputs):
         """Run the op; when it runs out of device memory, let the listener relieve memory in
@@ -603,7 +636,7 @@ class OpWalk(TorchDispatchMode):
             record.collective = mark
         self._waited = []
 
-    def _records_of(self, leaves, func, label) -> list[StorageRecord]:
+    def _records_of(self, leaves, func, label, create: bool = True) -> list[StorageRecord]:
         records, seen = [], set()
         index = 0
         on_device = self._on_device
@@ -625,6 +658,8 @@ class OpWalk(TorchDispatchMode):
             seen.add(key)
             record = self.records.get(key)
             if record is None:
+                if not create:
+                    continue
                 record = self._new_record(key, leaf, storage, func, label or str(index - 1))
             records.append(record)
         return records

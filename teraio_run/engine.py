@@ -11,6 +11,19 @@ saved-for-backward reference sees the data again (docs/design.md, Moving a tenso
 States: resident -> (copy out) offloading -> offloaded -> (copy in) prefetching -> resident,
 and lost: a swap file that could not be read back (Note [Lost swap files]).
 
+Note [Clean copies]
+A storage brought back from a tier leaves its bytes there: the slot is kept (a `Kept`), with
+the storage's write count then (Note [Writes] in teraio/walk.py). When the storage is to leave
+again and no op has written it since, its device memory is released without a copy: the
+tier's bytes are still its bytes. Weights are read between the optimizer steps that write
+them (forward, backward, the micro-batches of gradient accumulation), frozen ones (LoRA's
+base) never written: their copies out after the first cost nothing. A written storage's kept
+copy is dropped at its next offload; kept copies give way, oldest first, when a tier has no
+room for a new one; a storage that dies gives its kept copy back (its weak reference's
+callback, as in Note [Died while out]). Only the host pool keeps copies: swap files kept too
+could fill a disk whose room was checked for the plan's files only. `teraio run
+--no-clean-copies` turns this off for jobs that write tensors without ATen ops.
+
 Note [Lost swap files]
 A swap file that vanished (its folder removed while the job runs) holds bytes that exist
 nowhere else: training cannot go on exactly. The op that needs the tensor raises
@@ -53,11 +66,25 @@ class Moved:
     transfer: Transfer | None
     storage: torch.UntypedStorage | None   # strong ref only while a copy reads or writes it
     watch: object = None                   # weak ref whose callback says the job freed it
+    writes: int = 0                        # the storage's write count when its bytes were copied out
+
+
+@dataclass
+class Kept:
+    """A tier's copy of a storage that is back on the device (Note [Clean copies])."""
+
+    tier: Tier
+    slot: int
+    nbytes: int
+    writes: int             # the storage's write count when its bytes were copied out
+    copy_in: Transfer       # the copy that brought it back: the slot is read until it is done
+    watch: object = None    # weak ref whose callback says the job freed it
 
 
 @dataclass
 class Stats:
-    offloaded_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
+    offloaded_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})   # device bytes released
+    written_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})     # copied into the tier
     prefetched_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
     stall_count: int = 0
     stall_ms: dict = field(default_factory=dict)       # cause -> ms
@@ -110,9 +137,11 @@ class PathMeter:
 
 
 class MigrationEngine:
-    def __init__(self, host_tier: Tier | None, ssd_tier: Tier | None, cuda: bool):
+    def __init__(self, host_tier: Tier | None, ssd_tier: Tier | None, cuda: bool, keep_clean: bool = True):
         self.tiers = {"host": host_tier, "ssd": ssd_tier}
         self.cuda = cuda
+        self.keep_clean = keep_clean
+        self.kept: dict[int, Kept] = {}     # storage key -> its tier copy, oldest first (Note [Clean copies])
         self.moved: dict[int, Moved] = {}   # storage key -> state, for storages not plainly resident
         self.stats = Stats()
         self.offloaded_now = 0              # device bytes currently released by us
@@ -165,6 +194,12 @@ class MigrationEngine:
         if storage is None or storage.nbytes() == 0 or not storage.resizable():
             self.stats.skipped += 1
             return False
+        kept = self.kept.pop(record.key, None)
+        if kept is not None:
+            if kept.writes == record.writes and kept.watch() is storage and kept.nbytes == storage.nbytes():
+                self._release_clean(record, kept, storage)
+                return True
+            self._release_kept(kept)  # written since: a stale copy
         placed = self._place(tier_name, storage.nbytes())
         if placed is None:
             self.stats.skipped += 1
@@ -172,6 +207,8 @@ class MigrationEngine:
         tier, slot = placed
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         moved.transfer = self._track(tier.copy_out(storage, slot))
+        moved.writes = record.writes
+        self.stats.written_bytes[tier.name] += moved.nbytes
         self.moved[record.key] = moved
         self._watch(record.key, moved, storage)
         if tier.frees_at_once:
@@ -180,6 +217,14 @@ class MigrationEngine:
             self.copying_out[record.key] = moved
             self._out_order[tier.name].append(record.key)
         return True
+
+    def _release_clean(self, record, kept: Kept, storage) -> None:
+        """Note [Clean copies]: the tier holds these bytes already; only the device lets go."""
+        moved = Moved(kept.tier, kept.slot, kept.nbytes, OFFLOADING, None, storage)
+        moved.writes = kept.writes
+        self.moved[record.key] = moved
+        self._watch(record.key, moved, storage)
+        self._release_device(record, moved)
 
     def _watch(self, key: int, moved: Moved, storage) -> None:
         """Note [Died while out]: a storage the job frees while it is out (a gradient that
@@ -197,6 +242,11 @@ class MigrationEngine:
         n = len(self.died)
         pending = self.died[:n]
         del self.died[:n]
+        for key, ref in pending:
+            kept = self.kept.get(key)
+            if kept is not None and kept.watch is ref:
+                del self.kept[key]
+                self._release_kept(kept)
         self.forget_dead([key for key, ref in pending
                           if key in self.moved and self.moved[key].watch is ref])
 
@@ -251,7 +301,25 @@ class MigrationEngine:
             oldest.transfer.wait_host()
             self._release_slot(oldest)
             slot = tier.alloc(nbytes)
+        while slot is None and self._drop_oldest_kept(tier):
+            slot = tier.alloc(nbytes)
         return slot
+
+    def _drop_oldest_kept(self, tier) -> bool:
+        """Give back the oldest clean copy in this tier (Note [Clean copies]); False if none."""
+        key = next((k for k, kept in self.kept.items() if kept.tier is tier), None)
+        if key is None:
+            return False
+        self._release_kept(self.kept.pop(key))
+        return True
+
+    @staticmethod
+    def _release_kept(kept: Kept) -> None:
+        """A kept slot may still be read by the copy-in that brought its storage back: the
+        slot is reused only once that copy is done."""
+        if not kept.copy_in.done():
+            kept.copy_in.wait_host()
+        kept.tier.release(kept.slot, kept.nbytes)
 
     def prefetch(self, record) -> None:
         moved = self.moved.get(record.key)
@@ -283,10 +351,24 @@ class MigrationEngine:
         # kept a tensor the job had dropped alive (its memory too) for as long as the host
         # ran ahead of the device: up to ~100 ops late in the 3B's backward.
         moved.storage = None
-        if moved.transfer.done():
+        if self.keep_clean and moved.tier.keeps_copies:
+            self._keep(record, moved)
+        elif moved.transfer.done():
             self._release_slot(moved)
         else:
             self.releasing.append(moved)  # a stream copy still reads the pool slice
+
+    def _keep(self, record, moved: Moved) -> None:
+        """Note [Clean copies]: the slot stays with the storage, as long as it is not written."""
+        kept = Kept(moved.tier, moved.slot, moved.nbytes, moved.writes, moved.transfer)
+        storage = record.storage()
+        if storage is None:  # dropped while it came back: nothing to keep a copy of
+            self._release_kept(kept)
+            return
+        died = self.died
+        key = record.key
+        kept.watch = weakref.ref(storage, lambda ref: died.append((key, ref)))
+        self.kept[key] = kept
 
     def _lose(self, record, moved: Moved, failed: CopyFailed) -> None:
         """Note [Lost swap files]: free the garbage, keep the tensor marked, raise."""
@@ -361,6 +443,9 @@ class MigrationEngine:
     def forget_dead(self, dead_keys) -> None:
         """Storages freed by the program while offloaded: their copies are garbage now."""
         for key in dead_keys:
+            kept = self.kept.pop(key, None)
+            if kept is not None:
+                self._release_kept(kept)
             moved = self.moved.pop(key, None)
             self.copying_out.pop(key, None)
             if moved is not None:

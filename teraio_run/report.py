@@ -29,6 +29,7 @@ def build_report(agent, context) -> RunReport:
         iterations_on_plan=agent.iterations_on_plan,
         io_backend=context.io_backend,
         offloaded_bytes=stats.offloaded_bytes,
+        written_bytes=stats.written_bytes,
         offloaded_bytes_by_kind=dict(sorted(stats.offloaded_bytes_by_kind.items())),
         prefetched_bytes=stats.prefetched_bytes,
         achieved_gbps=_achieved_gbps(agent),

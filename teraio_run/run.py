@@ -18,7 +18,7 @@ RUN_ENV_DEFAULTS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_mem_bytes: int,
-        io_backend: str, strict: bool, device: str = "auto") -> int:
+        io_backend: str, strict: bool, device: str = "auto", clean_copies: bool = True) -> int:
     """Run the job under the plan; returns the job's exit code."""
     command = resolve_command(argv)
     plans = _load_plans(Path(plan_path))
@@ -31,7 +31,7 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
     settings = Settings(mode="run", device=device, command=list(argv), strict=strict,
                         plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
                         report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
-                        io_backend=io_backend)
+                        io_backend=io_backend, clean_copies=clean_copies)
     return run_command(command, settings, RUN_ENV_DEFAULTS).status
 
 

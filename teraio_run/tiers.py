@@ -281,6 +281,7 @@ class Tier(Protocol):
 
     name: str
     frees_at_once: bool
+    keeps_copies: bool   # whether a restored storage's slot may stay as its clean copy (engine Note [Clean copies])
 
     def alloc(self, nbytes: int) -> int | None: ...
 
@@ -296,6 +297,7 @@ class Tier(Protocol):
 
 class HostTier:
     name = "host"
+    keeps_copies = True   # the pool's room is known: kept slots give way when it is short
 
     def __init__(self, pool: HostPool, cuda: bool, threads: ThreadPoolExecutor):
         self.pool, self.cuda, self.threads = pool, cuda, threads
@@ -411,6 +413,7 @@ class SsdTier:
 
     name = "ssd"
     frees_at_once = False  # device memory is released once the I/O thread has read it
+    keeps_copies = False   # the disk's room was checked for the plan's files only; kept ones could fill it
 
     def __init__(self, run_dirs: list[Path], files, cuda: bool, threads: ThreadPoolExecutor):
         self.run_dirs, self.files, self.cuda, self.threads = run_dirs, files, cuda, threads

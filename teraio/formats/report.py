@@ -57,6 +57,9 @@ class RunReport(Strict):
     iterations_on_plan: int
     io_backend: Literal["gds", "compat", "posix", "none"]
     offloaded_bytes: dict[str, int]
+    written_bytes: dict[str, int] = Field(
+        default_factory=dict, description="bytes copied into each tier; less than offloaded_bytes (released from "
+        "the device) by what left without a copy, its tier's copy being current (clean copies)")
     offloaded_bytes_by_kind: dict[str, int] = Field(
         default_factory=dict, description="bytes released from the device per tensor kind (parameter, "
         "gradient, optimizer_state, activation): what kinds of tensors really moved")

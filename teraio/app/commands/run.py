@@ -19,9 +19,12 @@ from teraio_run.run import run
 @click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
               help="SSD I/O: KvikIO (GDS or compat) where CUDA exists, else POSIX.")
 @click.option("--strict", is_flag=True, help="Fail the job if the agent cannot start, instead of training without it.")
+@click.option("--no-clean-copies", "clean_copies", is_flag=True, flag_value=False, default=True,
+              help="Copy every storage out each time it leaves, even one no op wrote since its last copy: for "
+                   "jobs that write tensors outside PyTorch's ops (C++ extensions given raw pointers).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def command(plan_path, ssd_dirs, report, gpu_mem_bytes, io_backend, strict, device, command):
+def command(plan_path, ssd_dirs, report, gpu_mem_bytes, io_backend, strict, clean_copies, device, command):
     """Run a training command with the plan executed underneath it.
 
     \b
@@ -35,4 +38,5 @@ def command(plan_path, ssd_dirs, report, gpu_mem_bytes, io_backend, strict, devi
       teraio run --plan plan.json --ssd-dir /nvme0/tio --ssd-dir /nvme1/tio --report run.json \\
           -- torchrun --nproc-per-node 2 train.py
     """
-    sys.exit(run(list(command), plan_path, list(ssd_dirs), report, gpu_mem_bytes, io_backend, strict, device))
+    sys.exit(run(list(command), plan_path, list(ssd_dirs), report, gpu_mem_bytes, io_backend, strict, device,
+                 clean_copies=clean_copies))
