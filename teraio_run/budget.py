@@ -8,6 +8,7 @@ not fit its device (teraio_run/capped_profile.py).
 """
 
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import torch
@@ -29,8 +30,7 @@ class BudgetKeeper:
         self.budget_bytes = budget_bytes
         self.cuda = cuda
         self.holds = 0                       # open resident() blocks: nothing leaves the device
-        self.tick = 0
-        self.last_use: dict[int, int] = {}   # storage key -> tick of its last use
+        self.recency: OrderedDict[int, None] = OrderedDict()  # storage keys, least recently used first
         self.peak_bytes = 0
         self.iteration_peak_bytes = 0        # the same since the iteration began (take_iteration_peak)
         self.grew = False                    # a prefetch or restore since the last budget check
@@ -56,9 +56,10 @@ class BudgetKeeper:
                 if record.key in engine.moved:
                     waited = True
                     self._restore(record, inputs, cause)
-        self.tick += 1
+        recency = self.recency
         for record in inputs:
-            self.last_use[record.key] = self.tick
+            recency[record.key] = None
+            recency.move_to_end(record.key)
         self.grew = self.grew or waited
         return waited
 
@@ -74,7 +75,7 @@ class BudgetKeeper:
 
     def after_op(self, inputs, new) -> None:
         for record in new:
-            self.last_use[record.key] = self.tick
+            self.recency[record.key] = None
         if new or self.grew:  # else resident memory cannot have grown since the last check
             self.grew = False
             self._keep_budget(inputs + new)
@@ -189,19 +190,28 @@ class BudgetKeeper:
 
     def _evict(self, resident: int, protected: set, target: int | None = None) -> int:
         """Belady needs the future; in an unplanned stretch we only know the past, so evict
-        the least recently used movable tensors, synchronously (counted as a stall)."""
+        the least recently used movable tensors, synchronously (counted as a stall). The keys
+        are kept in order of use, so this walks from the least recent on and stops at the
+        target, instead of sorting every record; the evicted (and the dead met on the way) leave
+        the order until next used."""
         t0 = time.perf_counter()
         target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
-        candidates = [r for r in self.walk.records.values()
-                      if r.key not in protected and r.key not in self.engine.moved
-                      and not r.ref.expired() and self.movable(r, r.kind)]
-        candidates.sort(key=lambda r: self.last_use.get(r.key, 0))
-        for record in candidates:
+        records, moved, leaving = self.walk.records, self.engine.moved, []
+        for key in self.recency:
             if resident <= target:
                 break
+            record = records.get(key)
+            if record is None or record.ref.expired():
+                leaving.append(key)  # freed by the job: it leaves the order too
+                continue
+            if key in protected or key in moved or not self.movable(record, record.kind):
+                continue
             if self.engine.offload(record, "host"):
                 self.engine.stats.evictions += 1
                 resident -= record.nbytes
+                leaving.append(key)
+        for key in leaving:
+            del self.recency[key]
         self.engine.wait_offloads(self.walk.records)
         self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
         return self.resident_bytes()
@@ -219,7 +229,7 @@ class BudgetKeeper:
         """Storages freed by the job (records the walk dropped)."""
         self.engine.forget_dead([r.key for r in dead])
         for record in dead:
-            self.last_use.pop(record.key, None)
+            self.recency.pop(record.key, None)
 
     # ----- raw reads ------------------------------------------------------------------------
     @contextmanager
