@@ -9,8 +9,9 @@ from teraio.formats.common import Producer
 from teraio.formats.plan import Plan, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
 from teraio.formats.trace import Trace
 from teraio.units import format_bytes
-from teraio_plan.memory import min_required_bytes
+from teraio_plan.memory import kernel_need_bytes
 from teraio_plan.fill import fill_with_stalls
+from teraio_plan.fit import fit_budget
 from teraio_plan.planner import PlannerResult, plan_entries
 from teraio_plan.simulator import SimResult, simulate
 
@@ -77,8 +78,8 @@ def _check_counts(num_ssds: int, host_mem_bytes: int, headroom_bytes: int, laten
 
 
 def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
-    """PlanError when even a perfect plan cannot fit one kernel's working set in the budget."""
-    need, k = min_required_bytes(trace, inputs.headroom_bytes)
+    """PlanError when one kernel's working set cannot fit the budget, planned or not."""
+    need, k = kernel_need_bytes(trace, inputs.headroom_bytes)
     if inputs.budget_bytes < need:
         op = trace.op_name(k) if trace.num_kernels else "-"
         raise PlanError(
@@ -93,11 +94,14 @@ def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
     tensor it sends there comes back so slowly that its prefetch holds memory for long, and
     the plan can end up further over budget than a one-tier plan (the 3B trace at 1/4 of
     its peak with a 24 GiB host pool and the 1.7 GB/s disk: 7.6 GiB over with both tiers,
-    3.5 GiB with the disk alone). So when a two-tier plan misses the budget, each tier alone is planned too and
-    the best plan kept: one that fits, else the smaller excess, then the faster."""
+    3.5 GiB with the disk alone). So when a two-tier plan misses the budget, or makes it only through the
+    fit pass (Note [Fitting at any cost]), each tier alone is planned too and the best plan kept: one that
+    fits, else the smaller excess, then the faster."""
     check_budget(trace, inputs)
     outcome = _plan_with(trace, inputs, inputs, progress)
-    if outcome.plan.header.prediction.fits or not (inputs.num_ssds and inputs.host_mem_bytes):
+    # A plan that fits only thanks to the fit pass may still be beaten by one tier alone.
+    fits_freely = outcome.plan.header.prediction.fits and outcome.planner.planned_stall_us == 0
+    if fits_freely or not (inputs.num_ssds and inputs.host_mem_bytes):
         return outcome
     for one_tier in (inputs.model_copy(update={"num_ssds": 0}), inputs.model_copy(update={"host_mem_bytes": 0})):
         candidate = _plan_with(trace, one_tier, inputs)
@@ -113,6 +117,13 @@ def _plan_with(trace: Trace, planning: PlannerInputs, stated: PlannerInputs,
     if planning.allow_stalls:
         result = fill_with_stalls(trace, planning, result)
     sim = simulate(trace, assemble_plan(trace, stated, result, None))
+    if planning.allow_stalls and sim.max_excess_bytes > 0:
+        # Only where the replay is over: stalls can make it fit where the claim does not. Kept
+        # when it gets closer (it cannot always fit: a host pool alone may be too small).
+        fitted = fit_budget(trace, planning, result)
+        fitted_sim = simulate(trace, assemble_plan(trace, stated, fitted, None))
+        if fitted_sim.max_excess_bytes < sim.max_excess_bytes:
+            result, sim = fitted, fitted_sim
     return PlanOutcome(assemble_plan(trace, stated, result, sim), result, sim)
 
 

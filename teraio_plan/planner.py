@@ -68,6 +68,7 @@ class PlannerResult:
     capacity: dict[str, np.ndarray]
     link_bytes: dict[str, np.ndarray]  # both tiers' traffic per kernel slot, per direction
     evaluations: int = 0            # exact period evaluations it took (for the benchmark)
+    planned_stall_us: float = 0.0   # stall the fit pass accepted, estimated (Note [Fitting at any cost])
 
 
 class _Planner:

@@ -67,7 +67,7 @@ def test_not_fitting_says_where_and_by_how_much(tmp_path):
     trace = make_trace([10.0] * 100, [T("w", GiB, [0, 99]),
                                       T("x", GiB, list(range(40, 60)), Kind.activation, born=40, freed=60)])
     path = write_trace(tmp_path / "t.msgpack", trace)
-    res = CliRunner().invoke(cli, ["plan", str(path), "--gpu-mem", "1.5GiB"], terminal_width=200)
+    res = CliRunner().invoke(cli, ["plan", str(path), "--gpu-mem", "1.5GiB", "--stall-free"], terminal_width=200)
     assert res.exit_code == 0
     assert "does not fit" in res.output and "512 MiB" in res.output and "kernel 40" in res.output
 
