@@ -1,0 +1,60 @@
+"""The exact solver's bound (teraio_plan/milp.py, Note [MILP relaxation]) against the greedy."""
+
+import sys
+
+import pytest
+
+from plan_helpers import GiB, T, make_trace
+from teraio.errors import TeraioError
+from teraio.formats.trace import Kind
+from teraio_plan import make_plan_outcome, planner_inputs
+
+pytest.importorskip("scipy")
+from teraio_plan.milp import iteration_bound  # noqa: E402
+
+
+def _weight_and_activation(kernel_us: float, extra=()):
+    """W (1 GiB) idle from kernel 0 to 99; X (1 GiB) lives over 40..59: one of them must go."""
+    tensors = [T("w", GiB, [0, 99]), T("x", GiB, list(range(40, 60)), Kind.activation, born=40, freed=60)]
+    return make_trace([kernel_us] * 100, tensors + list(extra))
+
+
+def _both(trace, **kw):
+    inputs = planner_inputs(trace, gpu_mem_bytes=int(1.5 * GiB), num_ssds=1, **kw)
+    return make_plan_outcome(trace, inputs).plan.header.prediction.iteration_ms, iteration_bound(trace, inputs, 30)
+
+
+def test_where_the_weight_hides_both_say_the_ideal_time():
+    greedy_ms, bound = _both(_weight_and_activation(10_000.0))
+    assert bound.optimal and greedy_ms == pytest.approx(1000.0) and bound.lower_bound_ms == pytest.approx(1000.0)
+
+
+def test_where_the_cheap_tensor_hides_the_solver_also_moves_it_rather_than_the_costly_one():
+    # V (1 GiB) idle from 38 to 61 would also do, but 220 ms cannot hide its 325 ms round trip
+    trace = _weight_and_activation(10_000.0, [T("v", GiB, [38, 61])])
+    inputs = planner_inputs(trace, gpu_mem_bytes=2 * GiB, num_ssds=1)
+    out, bound = make_plan_outcome(trace, inputs), iteration_bound(trace, inputs, 30)
+    assert [e.tensor for e in out.plan.entries] == ["w"]
+    assert out.plan.header.prediction.iteration_ms == pytest.approx(1000.0)
+    assert bound.optimal and bound.lower_bound_ms == pytest.approx(1000.0)
+
+
+def test_where_one_weight_must_go_with_a_stall_they_agree_within_a_kernel():
+    """1 GiB idle for 1 ms at 6.5/6.7 GB/s: about 325 ms of copy that cannot hide. The greedy
+    is optimal here; the bound lets the copies also overlap X's 0.2 ms (Note [MILP relaxation])."""
+    greedy_ms, bound = _both(_weight_and_activation(10.0))
+    assert bound.optimal and 320 < bound.lower_bound_ms <= greedy_ms <= bound.lower_bound_ms + 0.21
+
+
+def test_a_budget_nothing_can_make_has_no_bound():
+    trace = _weight_and_activation(10_000.0)
+    inputs = planner_inputs(trace, gpu_mem_bytes=GiB // 2, num_ssds=1)  # X alone is 1 GiB
+    assert iteration_bound(trace, inputs, 30).lower_bound_ms == float("inf")
+
+
+def test_without_scipy_the_solver_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+    trace = _weight_and_activation(10_000.0)
+    with pytest.raises(TeraioError, match=r"^the exact solver needs scipy: pip install scipy"):
+        iteration_bound(trace, planner_inputs(trace, gpu_mem_bytes=int(1.5 * GiB), num_ssds=1))
