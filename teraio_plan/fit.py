@@ -36,7 +36,7 @@ from teraio_plan.bandwidth import BYTES_PER_US_PER_GBPS
 from teraio_plan.memory import REACH_KERNELS
 from teraio_plan.periods import Periods, find_periods, unrolled_prefix_us
 from teraio_plan.planner import PlannerResult
-from teraio_plan.simulator import _unroll
+from teraio_plan.simulator import unroll_entry
 
 
 def fit_budget(trace: Trace, inputs: PlannerInputs, result: PlannerResult) -> PlannerResult:
@@ -81,7 +81,7 @@ class _Fit:
         period_of = []
         for j, e in enumerate(self.old):
             i = where[(e.tensor, e.offload_after)]
-            _, o, pre, _ = _unroll(e, self.num_k)
+            _, o, pre, _ = unroll_entry(e, self.num_k)
             self.entry_of[i], self.tier[i], self.offload_by[i], self.prefetch_at[i] = j, e.tier, o, pre
             if e.tier == "host":
                 self._occupy(i, e.nbytes)

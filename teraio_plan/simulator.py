@@ -94,7 +94,9 @@ class _Events:
     after: dict = field(default_factory=dict)    # kernel -> [(inst, deadline)]
 
 
-def _unroll(entry, num_k: int) -> tuple[int, int, int, int]:
+def unroll_entry(entry, num_k: int) -> tuple[int, int, int, int]:
+    """(offload_after, offload_by, prefetch_at, needed_by) on one axis from offload_after on:
+    the kernels of an entry that wraps past the iteration's end count from the next one."""
     a = entry.offload_after
 
     def up(x: int) -> int:
@@ -107,7 +109,7 @@ def planned_memory(demand_bytes: np.ndarray, plan: Plan) -> np.ndarray:
     num_k = len(demand_bytes)
     diff = np.zeros(2 * num_k + 1, dtype=np.int64)
     for entry in plan.entries:
-        _, o, p, _ = _unroll(entry, num_k)
+        _, o, p, _ = unroll_entry(entry, num_k)
         diff[o + 1] -= entry.nbytes
         diff[p] += entry.nbytes
     away = np.cumsum(diff[:2 * num_k])
@@ -138,7 +140,7 @@ class _Sim:
     def _schedule(self, plan: Plan) -> _Events:
         ev, n = _Events(), self.num_k
         for entry in plan.entries:
-            a, o, p, e = _unroll(entry, n)
+            a, o, p, e = unroll_entry(entry, n)
             for it in (-1, 0, 1):
                 self._schedule_instance(ev, entry, (a, o, p, e), it * n)
         return ev

@@ -67,7 +67,7 @@ def test_late_prefetches_make_the_budget_where_early_ones_miss_it():
     each moved prefetch still comes after its offload and before its use."""
     from teraio_plan.make import make_plan_outcome
     from teraio_plan.memory import memory_curve
-    from teraio_plan.simulator import _unroll, planned_memory
+    from teraio_plan.simulator import unroll_entry, planned_memory
 
     trace = load_trace(ROOT / "traces" / "h200-3b-fp32.msgpack")
     inputs = planner_inputs(trace, gpu_mem_bytes=20878062208, num_ssds=0, host_mem_bytes=72 * GiB,
@@ -81,5 +81,5 @@ def test_late_prefetches_make_the_budget_where_early_ones_miss_it():
     implied = planned_memory(memory_curve(trace, inputs.headroom_bytes), outcome.plan)
     assert (implied == outcome.planner.memory_bytes).all()
     for entry in late:
-        _, offload_by, prefetch_at, needed_by = _unroll(entry, trace.num_kernels)
+        _, offload_by, prefetch_at, needed_by = unroll_entry(entry, trace.num_kernels)
         assert offload_by < prefetch_at < needed_by, entry
