@@ -27,6 +27,17 @@ from teraio.formats.plan import PlannerInputs
 
 BYTES_PER_US_PER_GBPS = 1e3
 
+
+def path_bytes_per_us(inputs: PlannerInputs, tier: str) -> tuple[float, float]:
+    """(out, in) bytes per us of a tier's path at full rate, capped by the device link."""
+    if tier == "host":
+        out_gbps = in_gbps = inputs.host_gbps
+    else:
+        out_gbps, in_gbps = inputs.num_ssds * inputs.ssd_write_gbps, inputs.num_ssds * inputs.ssd_read_gbps
+    cap_gbps = inputs.pcie_gbps
+    return min(out_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS, min(in_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS
+
+
 # Directions and tiers as the ledgers name them.
 TIERS = ("ssd", "host")
 OUT_PATH = {"ssd": "d2s", "host": "d2h"}

@@ -32,10 +32,10 @@ import numpy as np
 from teraio.formats.plan import PlanEntry, PlannerInputs
 from teraio.formats.trace import Kind, Trace
 from teraio.units import format_bytes
-from teraio_plan.periods import find_periods, unrolled_prefix_us
+from teraio_plan.bandwidth import path_bytes_per_us
+from teraio_plan.periods import find_periods, iteration_slices, unrolled_prefix_us
 from teraio_plan.planner import PlannerResult
 
-BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/us
 
 
 def fill_with_stalls(trace: Trace, inputs: PlannerInputs, result: PlannerResult) -> PlannerResult:
@@ -131,13 +131,14 @@ class _Fill:
         tier = self._tier(nbytes, start, end)
         if tier is None:
             return None
-        out_bytes_per_us, in_bytes_per_us = self._rates(tier)
+        out_bytes_per_us, in_bytes_per_us = path_bytes_per_us(self.inputs, tier)
         offload_by = max(start + 1, self._first_kernel_after(start, nbytes / out_bytes_per_us))
         prefetch_at = min(end - 1, self._last_kernel_before(end, nbytes / in_bytes_per_us))
         if offload_by >= prefetch_at - 1:
             return None  # too short even at full bandwidth
         budget_bytes = self.inputs.budget_bytes
-        saved = [self.memory_bytes[a:b] for a, b in self._spans(offload_by + 1, prefetch_at)]  # views
+        window = iteration_slices(offload_by + 1, prefetch_at, self.num_k)
+        saved = [self.memory_bytes[a:b] for a, b in window]  # views
         over_before = sum(int((view > budget_bytes).sum()) for view in saved)
         if not over_before:
             return None
@@ -158,16 +159,6 @@ class _Fill:
             return "host"
         return "ssd" if ssd_ok else None
 
-    def _rates(self, tier: str) -> tuple[float, float]:
-        """(out, in) bytes per us of the tier's path, capped by the device link."""
-        inputs = self.inputs
-        if tier == "host":
-            out_gbps = in_gbps = inputs.host_gbps
-        else:
-            out_gbps, in_gbps = inputs.num_ssds * inputs.ssd_write_gbps, inputs.num_ssds * inputs.ssd_read_gbps
-        cap_gbps = inputs.pcie_gbps
-        return min(out_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS, min(in_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS
-
     def _first_kernel_after(self, start: int, copy_us: float) -> int:
         """The kernel (unrolled) during which a copy started after `start` completes."""
         target = self.prefix_us[start + 1] + copy_us
@@ -180,23 +171,13 @@ class _Fill:
 
     def _host_room(self, start: int, end: int, nbytes: int) -> bool:
         """A pool slot is held from the copy-out after `start` until the use at `end`."""
-        held_bytes = max((int(self.host_occupancy[a:b].max()) for a, b in self._spans(start + 1, end)), default=0)
+        held = iteration_slices(start + 1, end, self.num_k)
+        held_bytes = max((int(self.host_occupancy[a:b].max()) for a, b in held), default=0)
         return held_bytes + nbytes <= self.inputs.host_mem_bytes
 
     def _occupy(self, start: int, end: int, nbytes: int) -> None:
-        for a, b in self._spans(start + 1, end):
+        for a, b in iteration_slices(start + 1, end, self.num_k):
             self.host_occupancy[a:b] += nbytes
-
-    def _spans(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Unrolled kernels [lo, hi) (hi - lo <= num_k) as at most two slices of one iteration:
-        slices are views, where index arrays would copy the window twice per pick."""
-        n = self.num_k
-        if lo >= hi:
-            return []
-        if hi - lo >= n:
-            return [(0, n)]
-        a, b = lo % n, hi % n
-        return [(a, b)] if a < b else [(a, n)] + ([(0, b)] if b else [])
 
     def _entry(self, periods, i: int, tier: str, offload_by: int, prefetch_at: int) -> PlanEntry:
         t, start, end = int(periods.tensor[i]), int(periods.start[i]), int(periods.end[i])

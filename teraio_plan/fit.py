@@ -32,9 +32,9 @@ import numpy as np
 from teraio.formats.plan import PlanEntry, PlannerInputs
 from teraio.formats.trace import Kind, Trace
 from teraio.units import format_bytes
-from teraio_plan.bandwidth import BYTES_PER_US_PER_GBPS
+from teraio_plan.bandwidth import path_bytes_per_us
 from teraio_plan.memory import REACH_KERNELS
-from teraio_plan.periods import Periods, find_periods, unrolled_prefix_us
+from teraio_plan.periods import Periods, find_periods, iteration_slices, unrolled_prefix_us
 from teraio_plan.planner import PlannerResult
 from teraio_plan.simulator import unroll_entry
 
@@ -59,7 +59,9 @@ class _Fit:
         self.p: Periods = find_periods(trace, self.prefix_us)
         self.claim_bytes = result.memory_bytes.astype(np.int64).copy()
         self.old = list(result.entries)
-        self.rates = {t: r for t, r in _rates(inputs).items() if min(r) > 0}
+        usable = {"ssd": inputs.num_ssds > 0, "host": inputs.host_mem_bytes > 0}
+        rates = {t: path_bytes_per_us(inputs, t) for t in ("ssd", "host") if usable[t]}
+        self.rates = {t: r for t, r in rates.items() if min(r) > 0}  # (out, in) bytes per us
         count = len(self.p)
         self.entry_of = np.full(count, -1)          # index into self.old, -1: not planned
         self.tier = np.full(count, "", dtype=object)
@@ -180,7 +182,7 @@ class _Fit:
         else:
             spans = [(lo, hi)]
         for a, b in spans:
-            for x, y in _spans(int(a), int(b), self.num_k):
+            for x, y in iteration_slices(int(a), int(b), self.num_k):
                 self.claim_bytes[x:y] -= nbytes
 
     def _room(self, i: int) -> bool:
@@ -193,7 +195,7 @@ class _Fit:
 
     def _held(self, i: int) -> list[tuple[int, int]]:
         """The pool holds a host entry from the start of its copy-out to its use."""
-        return _spans(int(self.p.start[i]) + 1, int(self.p.end[i]), self.num_k)
+        return iteration_slices(int(self.p.start[i]) + 1, int(self.p.end[i]), self.num_k)
 
     # --- the plan's entries
 
@@ -223,23 +225,3 @@ class _Fit:
             reason=(f"idle {p.window_us[i] / 1e3:.3g} ms; planned stall to fit kernel {k} "
                     f"({self.trace.op_name(k)}): {format_bytes(p.nbytes[i])} to {tier}, about "
                     f"{self.added_us[i] / 1e3:.3g} ms of its copies cannot be hidden"))
-
-
-def _rates(inputs: PlannerInputs) -> dict[str, tuple[float, float]]:
-    """(out, in) bytes per us of each tier's path at full rate, capped by the device link."""
-    cap_gbps = inputs.pcie_gbps
-    ssd = (inputs.num_ssds * inputs.ssd_write_gbps, inputs.num_ssds * inputs.ssd_read_gbps)
-    host = (inputs.host_gbps, inputs.host_gbps) if inputs.host_mem_bytes > 0 else (0.0, 0.0)
-    return {tier: tuple(min(g, cap_gbps) * BYTES_PER_US_PER_GBPS for g in pair)
-            for tier, pair in (("ssd", ssd), ("host", host))}
-
-
-def _spans(lo: int, hi: int, num_k: int) -> list[tuple[int, int]]:
-    """Unrolled kernels [lo, hi) (hi - lo <= num_k) as slices of one iteration."""
-    if lo >= hi:
-        return []
-    if hi - lo >= num_k:
-        return [(0, num_k)]
-    a, b = lo % num_k, hi % num_k
-    return [(a, b)] if a < b else [(a, num_k)] + ([(0, b)] if b else [])
-

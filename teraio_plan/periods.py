@@ -45,6 +45,17 @@ class Periods:
         return self.end >= self.num_kernels
 
 
+def iteration_slices(lo: int, hi: int, num_k: int) -> list[tuple[int, int]]:
+    """Unrolled kernels [lo, hi) (hi - lo <= num_k) as at most two slices of one iteration:
+    slices are views, where index arrays would copy the window."""
+    if lo >= hi:
+        return []
+    if hi - lo >= num_k:
+        return [(0, num_k)]
+    a, b = lo % num_k, hi % num_k
+    return [(a, b)] if a < b else [(a, num_k)] + ([(0, b)] if b else [])
+
+
 def unrolled_prefix_us(duration_us: np.ndarray) -> np.ndarray:
     """prefix[k] = time of kernels 0..k-1 over two iterations, so a window is one subtraction."""
     return np.concatenate(([0.0], np.cumsum(np.tile(duration_us, 2))))
