@@ -24,6 +24,7 @@ class Cap:
     host_mem_bytes: int | None = None
     ssd_dirs: list[str] = field(default_factory=list)
     io_backend: str = "auto"
+    clean_copies: bool = True            # evictions release unwritten storages without copying (run's Note [Clean copies])
 
 
 def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int,
@@ -45,7 +46,7 @@ def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int
                             run_to_completion=run_to_completion, steps_per_iteration=steps_per_iteration,
                             step_timeout_s=step_timeout_s, gpu_mem_bytes=cap.gpu_mem_bytes,
                             host_mem_bytes=cap.host_mem_bytes or 0, io_backend=cap.io_backend,
-                            ssd_dirs=[str(Path(d).resolve()) for d in cap.ssd_dirs])
+                            ssd_dirs=[str(Path(d).resolve()) for d in cap.ssd_dirs], clean_copies=cap.clean_copies)
         job = run_command(command, settings)
         statuses = _read_statuses(Path(status_dir))
     if job.forwarded is not None and job.status != 0:

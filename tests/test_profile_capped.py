@@ -64,8 +64,10 @@ def test_the_planner_makes_the_same_entries_from_both_traces_kernel_times_aside(
     assert plans[0].entries and plans[0].entries == plans[1].entries
 
 
-def test_the_job_trains_exactly_while_profiled_under_a_cap(tmp_path):
-    cap_args = ("--gpu-mem", "2MiB", "--host-mem", "64MiB", "--ssd-dir", tmp_path / "ssd", "--run-to-completion")
+@pytest.mark.parametrize("copies", [(), ("--no-clean-copies",)], ids=["clean-copies", "every-copy"])
+def test_the_job_trains_exactly_while_profiled_under_a_cap(tmp_path, copies):
+    cap_args = ("--gpu-mem", "2MiB", "--host-mem", "64MiB", "--ssd-dir", tmp_path / "ssd", "--run-to-completion",
+                *copies)
     ok(teraio("profile", "-o", tmp_path / "t.msgpack", *cap_args, "--", PYTHON, *JOBS["hf_llama"],
               "--losses-out", "capped.json", cwd=tmp_path))
     run_plain(tmp_path, "hf_llama.py", "--steps", 6, "--accum", 2, "--losses-out", "plain.json")

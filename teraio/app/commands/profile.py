@@ -32,9 +32,12 @@ console = Console(highlight=False)
               help="With --gpu-mem: folder for swap files once the pool is full; repeat per SSD (default: the temp folder).")
 @click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
               help="With --gpu-mem: swap file I/O.")
+@click.option("--no-clean-copies", "clean_copies", is_flag=True, flag_value=False, default=True,
+              help="With --gpu-mem: copy every evicted storage out, even one no op wrote since its last copy "
+                   "(for jobs that write tensors outside PyTorch's ops), as `teraio run --no-clean-copies`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_iteration, step_timeout_s,
-            gpu_mem_bytes, host_mem_bytes, ssd_dirs, io_backend, command):
+            gpu_mem_bytes, host_mem_bytes, ssd_dirs, io_backend, clean_copies, command):
     """Run a training script and record one steady-state iteration.
 
     \b
@@ -56,7 +59,7 @@ def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_
     """
     from teraio.app.commands.inspect import print_trace_summary  # rich view shared with inspect
 
-    cap = Cap(gpu_mem_bytes, host_mem_bytes, list(ssd_dirs), io_backend)
+    cap = Cap(gpu_mem_bytes, host_mem_bytes, list(ssd_dirs), io_backend, clean_copies)
     paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device,
                     steps_per_iteration, step_timeout_s, cap)
     for path in paths:
