@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from teraio.errors import JobStopped, ScriptError, UsageError
-from teraio.launch import mem_available_bytes, resolve_command, run_command
+from teraio.launch import CAPPED_JOB_ENV, mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings
 from teraio.units import format_bytes
 
@@ -47,7 +47,7 @@ def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int
                             step_timeout_s=step_timeout_s, gpu_mem_bytes=cap.gpu_mem_bytes,
                             host_mem_bytes=cap.host_mem_bytes or 0, io_backend=cap.io_backend,
                             ssd_dirs=[str(Path(d).resolve()) for d in cap.ssd_dirs], clean_copies=cap.clean_copies)
-        job = run_command(command, settings)
+        job = run_command(command, settings, CAPPED_JOB_ENV if cap.gpu_mem_bytes else None)
         statuses = _read_statuses(Path(status_dir))
     if job.forwarded is not None and job.status != 0:
         written = "" if any(s.get("trace") for s in statuses) else "; no trace was written"

@@ -6,15 +6,10 @@ from pathlib import Path
 
 from teraio.errors import UsageError
 from teraio.formats.plan import Plan, load_plan
-from teraio.launch import mem_available_bytes, resolve_command, run_command
+from teraio.launch import CAPPED_JOB_ENV, mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings, rank_path
 from teraio.units import format_bytes
 from teraio_run.layout import DEFAULT_SWAP_DIR, STRIPE_MIN_BYTES
-
-
-# Tensors leave and come back all the time, in sizes that fragment a segmented pool, and the
-# cap counts reserved memory: growable segments keep reserved close to allocated.
-RUN_ENV_DEFAULTS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_mem_bytes: int,
@@ -32,7 +27,7 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
                         plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
                         report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
                         io_backend=io_backend, clean_copies=clean_copies)
-    return run_command(command, settings, RUN_ENV_DEFAULTS).status
+    return run_command(command, settings, CAPPED_JOB_ENV).status
 
 
 def _load_plans(plan_path: Path) -> list[Plan]:
