@@ -14,6 +14,16 @@ and a prefetch whose kernel is waiting jumps every queue. Before each kernel:
      fit at every kernel for no gain: the runtime falls back to on-demand eviction there.
 We replay two iterations and measure the second: the first one warms the wrap-around
 traffic (globals offloaded at the end of iteration i come back in iteration i+1).
+
+Note [Host-bound kernels]
+The job's thread issues kernel k some host time after kernel k-1 (PyTorch's launch, our walk
+and the plan's actions: PlannerInputs.host_us_per_kernel, measured by a run, `teraio plan
+--calibrate`); the device runs it once it is issued and the one before has finished. While
+kernels are longer than that the thread runs ahead and its time is hidden; a run of short
+kernels waits for it (the small-batch jobs of issue 16: 7,994 kernels, 173 ms plainly, ~1.2 s
+under a plan whose link time was ~0.3 s). A stall is a wait on the thread too: it issues
+nothing until the wait is over. With 0 (uncalibrated plans) kernels never wait for the host.
+On the CPU the thread runs each kernel itself: nothing runs ahead, host time adds up.
 """
 
 import bisect
@@ -120,6 +130,8 @@ class _Sim:
     def __init__(self, trace: Trace, plan: Plan, inputs: PlannerInputs):
         self.num_k = trace.num_kernels
         self.duration_us = trace.duration_us.astype(np.float64)
+        self.host_us_per_kernel = inputs.host_us_per_kernel
+        self.synchronous = trace.header.device.type == "cpu"   # Note [Host-bound kernels]
         self.demand_bytes = memory_curve(trace, inputs.headroom_bytes)
         self.budget_bytes = inputs.budget_bytes
         self.allowed_bytes = np.maximum(planned_memory(self.demand_bytes, plan), self.budget_bytes)
@@ -304,13 +316,24 @@ class _Sim:
             inst.offload = self._issue(inst, True, deadline)
             self._count(inst.offload)
 
+    def _issue_kernel(self, issued_us: float, waited: bool) -> float:
+        """Note [Host-bound kernels]: when the thread issues the next kernel; the device
+        clock waits for it."""
+        if not self.host_us_per_kernel:
+            return issued_us
+        waited = waited or self.synchronous
+        issued_us = (max(issued_us, self.clock_us) if waited else issued_us) + self.host_us_per_kernel
+        if issued_us > self.clock_us:
+            self._advance(issued_us)
+        return issued_us
+
     def run(self) -> SimResult:
         n = self.num_k
         self.cancelled, self.measuring = 0, False
         self.bytes_by_path = {p: 0 for p in ("d2s", "s2d", "d2h", "h2d")}
         memory_bytes = np.zeros(n, dtype=np.int64)
         stalls = [0, 0]
-        start_us = stall_us = 0.0
+        start_us = stall_us = issued_us = 0.0
         for g in range(2 * n):
             if g == n:
                 self.measuring, self.cancelled, start_us = True, 0, self.clock_us
@@ -321,6 +344,7 @@ class _Sim:
                 stalls[0] += input_stall
                 stalls[1] += memory_stall
                 memory_bytes[g - n] = self.demand_bytes[g - n] - self.offloaded_bytes
+            issued_us = self._issue_kernel(issued_us, waited=input_stall or memory_stall)
             self._advance(self.clock_us + self.duration_us[g % n])
             self._after_kernel(g)
         return SimResult(

@@ -43,6 +43,15 @@ class TraceRef(Strict):
                                   "structure follow the plan whatever their sizes; \"\" (older plans): exact shapes")
 
 
+class Calibration(Strict):
+    """Figures of the bandwidth model taken from a run of this job (`teraio plan --calibrate`)."""
+
+    report: str = Field(description="the run report they were read from, as given")
+    measured: dict[str, float] = Field(description="planner input -> the measured value it took "
+                                       "(host_gbps, ssd_read_gbps, ssd_write_gbps, host_us_per_kernel)")
+    planned_iterations: int = Field(ge=1, description="the report's iterations on plan they come from")
+
+
 class PlannerInputs(Strict):
     budget_bytes: int = Field(gt=0)
     num_ssds: int
@@ -54,6 +63,11 @@ class PlannerInputs(Strict):
     headroom_bytes: int
     latency_us: float
     allow_stalls: bool = Field(True, description="plan transfers that delay kernels when the budget needs them")
+    host_us_per_kernel: float = Field(0.0, ge=0, description="host time the job's thread spends per kernel "
+                                      "under the runtime (launch, walk, plan actions): the device waits for "
+                                      "a host that is slower than its kernels; 0: it never does")
+    calibration: Calibration | None = Field(None, description="which inputs were measured by a run (None: all "
+                                            "were given or defaults)")
 
 
 class Prediction(Strict):

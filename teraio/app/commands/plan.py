@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -14,6 +15,7 @@ from teraio.formats.plan import save_plan
 from teraio.formats.trace import Trace, load_trace
 from teraio.units import format_bytes, format_ms
 from teraio_plan import PlanOutcome, make_plan_outcome, planner_inputs, sweep
+from teraio_plan.calibrate import OPTION_OF, calibrated
 from teraio_plan.make import (
     DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS, DEFAULT_SSD_READ_GBPS, DEFAULT_SSD_WRITE_GBPS,
 )
@@ -43,17 +45,19 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--host-gbps", type=float, default=DEFAULT_HOST_GBPS, show_default=True, help="Device<->host bandwidth per direction, GB/s.")
 @click.option("--pcie-gbps", type=float, default=DEFAULT_PCIE_GBPS, show_default=True, help="Device link per direction, shared by SSD and host traffic, GB/s.")
 @click.option("--headroom", type=SIZE, default=0, help="Extra bytes to keep free beyond what the trace tracks. [default: 0]")
+@click.option("--calibrate", "calibrate_from", type=click.Path(path_type=Path), default=None, help="A run report of this job (teraio run --report): take the host and SSD rates and the host time per kernel it measured; options given here still win.")
 @click.option("--stall-free", is_flag=True, help="Only transfers that delay no kernel (the paper's planner); the budget may then be missed.")
 @click.option("--sweep", "do_sweep", is_flag=True, help="Print throughput against migration bandwidth (0-64 GB/s); write no plan.")
 @json_flag
 def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, host_mem, host_gbps,
-            pcie_gbps, headroom, stall_free, do_sweep, as_json):
+            pcie_gbps, headroom, calibrate_from, stall_free, do_sweep, as_json):
     """Plan which idle tensors leave the device, when, to SSD or host, and when they come back.
 
     \b
     teraio plan trace.msgpack --gpu-mem 40GiB --ssds 2 --host-mem 64GiB
     teraio plan trace.rank0.msgpack trace.rank1.msgpack --ssds 4     (one plan per rank)
     teraio plan trace.msgpack --ssds 4 --sweep
+    teraio plan trace.msgpack --gpu-mem 40GiB --host-mem 64GiB --calibrate run.json   (rates a run measured)
     
     Transfers that fit in the bandwidth without delaying a kernel are planned first; if
     the budget still is not met, more are planned at the price of stalls (the prediction
@@ -68,7 +72,7 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
     if not do_sweep:
         for path in traces:
             _check_output(output or default_output(path))
-    jobs = [(path, trace, planner_inputs(trace, **options)) for path, trace in
+    jobs = [(path, trace, _inputs(trace, options, calibrate_from)) for path, trace in
             ((path, load_trace(path)) for path in traces)]
     reports = []
     for path, trace, inputs in jobs:
@@ -78,6 +82,15 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
             reports.append(_plan_one(path, trace, inputs, output or default_output(path), as_json))
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, sort_keys=True))
+
+
+def _inputs(trace: Trace, options: dict, calibrate_from: Path | None):
+    inputs = planner_inputs(trace, **options)
+    if calibrate_from is None:
+        return inputs
+    source = click.get_current_context().get_parameter_source
+    given = {name for name in OPTION_OF if source(name) is not ParameterSource.DEFAULT}
+    return calibrated(inputs, trace, calibrate_from, given)
 
 
 def _check_output(path: Path) -> None:
@@ -106,7 +119,7 @@ def _plan_one(path: Path, trace: Trace, inputs, out_path: Path, as_json: bool) -
 
 
 def plan_summary(outcome: PlanOutcome, trace: Trace, out_path: Path) -> dict:
-    pred, sim = outcome.plan.header.prediction, outcome.simulation
+    pred, sim, inputs = outcome.plan.header.prediction, outcome.simulation, outcome.plan.header.inputs
     worst = sim.worst_kernel
     return {
         "trace": trace.header.op_digest, "plan": str(out_path), "rank": trace.header.rank,
@@ -120,6 +133,7 @@ def plan_summary(outcome: PlanOutcome, trace: Trace, out_path: Path) -> dict:
         "over_budget_kernels": pred.over_budget_kernels, "max_excess_bytes": pred.max_excess_bytes,
         "worst_kernel": worst if not pred.fits else None,
         "worst_op": trace.op_name(worst) if not pred.fits and trace.num_kernels else None,
+        "calibration": inputs.calibration.model_dump() if inputs.calibration else None,
     }
 
 
@@ -136,6 +150,8 @@ def _print_summary(s: dict) -> None:
         ("SSD writes per iteration", format_bytes(s["ssd_write_bytes_per_iteration"])),
         ("host pool", format_bytes(s["host_pool_bytes"])),
     ]
+    if s["calibration"]:
+        rows.append(("measured", _measured_line(s["calibration"])))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
@@ -144,6 +160,13 @@ def _print_summary(s: dict) -> None:
             f"[bold yellow]does not fit:[/] over budget at {s['over_budget_kernels']} kernels, worst at kernel "
             f"{s['worst_kernel']} ({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; "
             "add SSDs, a host pool (--host-mem) or a larger --gpu-mem", soft_wrap=True)
+
+
+def _measured_line(calibration: dict) -> str:
+    units = {"host_us_per_kernel": " us host time per kernel", "host_gbps": " GB/s host",
+             "pcie_gbps": " GB/s link", "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write"}
+    figures = ", ".join(f"{value:g}{units[name]}" for name, value in calibration["measured"].items())
+    return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})"
 
 
 def _sweep_one(path: Path, trace: Trace, inputs, as_json: bool) -> dict:
