@@ -370,6 +370,9 @@ class OpWalk(TorchDispatchMode):
         # Host seconds spent in the walk and listener around ops, and inside the ops themselves
         # (PyTorch's own launch cost): when they add up to the iteration, the CPU is the bottleneck.
         self.host_s = {"walk": 0.0, "ops": 0.0}
+        # Started just before and stopped just after each op's call, when set (the profiler's
+        # kernel clock): a kernel's time is the op's, not the bookkeeping around it.
+        self.op_clock = None
         self.records: dict[int, StorageRecord] = {}
         self.created_bytes = 0   # bytes of every record made so far (a bound for the CPU budget check)
         self.owners = _Owners()
@@ -563,9 +566,14 @@ class OpWalk(TorchDispatchMode):
             self._collective_waited()
         inputs = self._records_of(tensors_in(kwargs, tensors_in(args, [])), func, "in")
         self.listener.before_op(k, func, inputs)
+        clock = self.op_clock
+        if clock is not None:
+            clock.start()
         t1 = perf_counter()
         out = self._call(func, args, kwargs, inputs)
         t2 = perf_counter()
+        if clock is not None:
+            clock.stop()
         written = written_arguments(func)
         if written:
             self._count_writes(written, args, kwargs)

@@ -56,7 +56,6 @@ class ProfileAgent(WalkListener):
     def before_op(self, k, func, inputs):
         if self.keeper is not None:
             self.recorder.op_waited = self.keeper.before_op(inputs)
-        self.recorder.before_op(k, func, inputs)
 
     def after_op(self, k, func, inputs, new, signature):
         if self._watchdog is False and (inputs or new):  # the first op that touched the device

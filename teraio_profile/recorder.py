@@ -91,28 +91,29 @@ class _TensorLife:
 
 
 class _Clock:
-    """Per-kernel durations: CUDA events on GPU (queued, read at iteration end), else monotonic."""
+    """Per-kernel durations, the walk starting and stopping it around each op's call (OpWalk.
+    op_clock): CUDA events on GPU (queued, read at iteration end), else monotonic."""
 
     def __init__(self, device_type: str):
         self.cuda = device_type == "cuda"
         self._pending: list[tuple] = []
-        self._t0 = 0
+        self._start = None
+        self.last_us: float | None = None   # the last op's duration (CPU only)
 
-    def start(self):
+    def start(self) -> None:
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        self._t0 = time.perf_counter_ns()
-        return None
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter_ns()
 
-    def stop(self, start_event) -> float | None:
+    def stop(self) -> None:
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._pending.append((start_event, end))
-            return None
-        return (time.perf_counter_ns() - self._t0) / 1e3
+            self._pending.append((self._start, end))
+        else:
+            self.last_us = (time.perf_counter_ns() - self._start) / 1e3
 
     def collect_us(self) -> list[float]:
         """Durations of the CUDA kernels queued since the last call (waits for them)."""
@@ -137,7 +138,6 @@ class TraceRecorder(WalkListener):
         self._cur_sig: list[int] = []
         self._cur_struct: list[int] = []             # structural signatures (Note [Shapes that vary])
         self._cur_us: list[float] = []
-        self._event = None
         self._iteration_t0 = self._step_t0 = time.perf_counter()
         self.finished = False
         # Note [Steady state]: per step since the job began
@@ -199,14 +199,10 @@ class TraceRecorder(WalkListener):
     def candidates_wanted(self) -> int:
         return max(self.iterations, MIN_VARYING_CANDIDATES)
 
-    def before_op(self, k, func, inputs):
-        if self.recording:
-            self._event = self.clock.start()
-
     def restart_clock(self) -> None:
         """The op ran out of memory and is retried after memory was relieved: time the retry only."""
         if self.recording:
-            self._event = self.clock.start()
+            self.clock.start()
 
     def after_op(self, k, func, inputs, new, signature):
         exact, structure = signature   # the walk gives both (teraio.walk.op_signatures)
@@ -216,9 +212,8 @@ class TraceRecorder(WalkListener):
             self._backward = torch._C._current_autograd_node() is not None
         if not self.recording:
             return
-        duration = self.clock.stop(self._event)
-        if duration is not None:
-            self._cur_us.append(duration)
+        if not self.clock.cuda:
+            self._cur_us.append(self.clock.last_us)
         if self.iteration == self.window:
             self._record_window_op(k, func, inputs, new)
         self._note_deaths(k)
@@ -298,6 +293,7 @@ class TraceRecorder(WalkListener):
             torch.cuda.synchronize()
         self._iteration_t0 = self._step_t0 = time.perf_counter()
         self.iteration = iteration + 1
+        self.walk.op_clock = self.clock if self.recording else None
         self.finished = self.window is not None and self.iteration >= self.window + self.span
         self._collect_cycles_at_boundaries()
         if self.finished and self.varying:
@@ -414,11 +410,15 @@ class TraceRecorder(WalkListener):
         return [sum(ms[c * p:(c + 1) * p]) for c in range(1, len(ms) // p)]
 
     def kernel_time_scale(self, event_sum_ms: float) -> float:
-        """Note [Kernel time under the profiler]: an interval between two CUDA events also
-        holds the GPU's idle time while the recording CPU prepares the next op, so the
-        recorded iteration is slower than a real one. When a warm-up iteration (after
-        iteration 0, which makes optimizer state) was timed, scale kernel times down so that
-        they add up to it, spreading the idle time over kernels in proportion."""
+        """Note [Kernel time under the profiler]: the walk starts the clock just before an
+        op's call and stops it just after (OpWalk.op_clock), so the walk's and the recorder's
+        own bookkeeping is no part of a kernel's time (it was: on the CPU the example's
+        kernels added up to twice its plain step). An interval between two CUDA events still
+        holds the GPU's idle time while an op's call launches its kernels, which a plain run
+        has too, and whatever else the GPU waited for inside the call. When a warm-up
+        iteration (after iteration 0, which makes optimizer state) was timed and kernel times
+        add up to more, scale them down to it, spreading the excess over kernels in
+        proportion."""
         warm_ms = self.warm_iteration_ms()
         if not self.clock.cuda or not warm_ms or event_sum_ms <= 0 or not self.rescale_kernel_times:
             return 1.0
