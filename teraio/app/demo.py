@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from teraio.errors import ScriptError
-from teraio.formats.plan import save_plan
+from teraio.formats.plan import load_plan, save_plan
+from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
 
 BUDGET_SHARE = 0.5      # plan for half the traced peak: every kind of tensor has to move
@@ -26,6 +27,9 @@ class DemoResult:
     report: Path
     losses_plain: list
     losses_planned: list
+    predicted_ms: float            # the plan's prediction, with default rates
+    calibrated_ms: float           # the same plan replayed with what the run measured
+    measured_ms: float             # the run's median iteration on plan
 
     @property
     def identical(self) -> bool:
@@ -65,7 +69,19 @@ def run_demo(workdir: Path, example_args: list[str], progress=lambda msg: None) 
     _plain_run(script, example_args, paths["losses_plain.json"])
     return DemoResult(workdir, paths["trace.msgpack"], paths["plan.json"], paths["run.json"],
                       json.loads(paths["losses_plain.json"].read_text()),
-                      json.loads(paths["losses_planned.json"].read_text()))
+                      json.loads(paths["losses_planned.json"].read_text()),
+                      *_predictions(trace, inputs, paths["plan.json"], paths["run.json"]))
+
+
+def _predictions(trace, inputs, plan_path: Path, report_path: Path) -> tuple[float, float, float]:
+    """The plan's prediction, the same plan replayed with the rates and host time the run
+    measured (what `teraio plan --calibrate` plans with: Note [Calibration]), and the run."""
+    from teraio_plan.calibrate import calibrated
+    from teraio_plan.simulator import simulate
+
+    plan, report = load_plan(plan_path), load_report(report_path)
+    replayed = simulate(trace, plan, calibrated(inputs, trace, report_path, given=set()))
+    return plan.header.prediction.iteration_ms, replayed.iteration_ms, report.measured_iteration_ms
 
 
 def _plain_run(script: str, example_args: list[str], losses_out: Path) -> None:
