@@ -15,6 +15,7 @@ run under the calibrated plan. Per plan: its predicted iteration and the run's m
 import argparse
 import datetime
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +66,11 @@ def measure(args) -> dict:
         guessed = run_plan(job, tmp / "guessed.json", tmp, ssd_args)
         run_checked(teraio("plan", *plan_args, "--calibrate", guessed["report"], "-o", tmp / "calibrated.json"), tmp)
         calibrated = run_plan(job, tmp / "calibrated.json", tmp, ssd_args)
+        if args.keep:  # for a look at the replay afterwards (trace, plans, reports)
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for path in tmp.glob("*.json"):
+                shutil.copy(path, args.keep / f"{args.label}.{path.name}")
+            shutil.copy(trace, args.keep / f"{args.label}.trace.msgpack")
     return {"label": args.label, "job": job[1:], "share": args.share, "peak_bytes": peak_bytes,
             "kernels": loaded.num_kernels, "trace_kernel_ms": round(float(loaded.duration_us.sum()) / 1e3, 1),
             "trace_iteration_ms": round(loaded.header.iteration_ms, 1), "guessed": guessed, "calibrated": calibrated}
@@ -91,6 +97,7 @@ def main() -> None:
     p.add_argument("--ssd-dir", help="plan one SSD and put its swap files here (default: host tier only)")
     p.add_argument("--label", default="example")
     p.add_argument("--out", type=Path, help="append the result here (JSON lines)")
+    p.add_argument("--keep", type=Path, help="copy the trace, plans and reports into this folder")
     p.add_argument("model_args", nargs=argparse.REMAINDER, help="-- then the example's arguments")
     args = p.parse_args()
     args.model_args = [a for a in args.model_args if a != "--"] or (["--preset", "tiny", "--layers", "12"]

@@ -373,6 +373,7 @@ class OpWalk(TorchDispatchMode):
         # Started just before and stopped just after each op's call, when set (the profiler's
         # kernel clock): a kernel's time is the op's, not the bookkeeping around it.
         self.op_clock = None
+        self.op_written: list[StorageRecord] | tuple = ()   # what the last op wrote in place (Note [Writes])
         self.records: dict[int, StorageRecord] = {}
         self.created_bytes = 0   # bytes of every record made so far (a bound for the CPU budget check)
         self.owners = _Owners()
@@ -575,8 +576,7 @@ class OpWalk(TorchDispatchMode):
         if clock is not None:
             clock.stop()
         written = written_arguments(func)
-        if written:
-            self._count_writes(written, args, kwargs)
+        self.op_written = self._count_writes(written, args, kwargs) if written else ()
         if func.namespace == "c10d":
             self._pin(inputs, _work_of(out), _waited_by_caller(func, args, kwargs))
         out_tensors = tensors_in(out, [])
@@ -588,12 +588,15 @@ class OpWalk(TorchDispatchMode):
         host_s["walk"] += perf_counter() - t2 + t1 - t0
         return out
 
-    def _count_writes(self, written, args, kwargs) -> None:
-        """Note [Writes]: every storage an op wrote in place counts one more write."""
+    def _count_writes(self, written, args, kwargs) -> list[StorageRecord]:
+        """Note [Writes]: every storage an op wrote in place counts one more write; returns them."""
+        records = []
         for position, name in written:
             value = args[position] if position < len(args) else kwargs.get(name)
             for record in self._records_of(tensors_in(value, []), None, None, create=False):
                 record.writes += 1
+                records.append(record)
+        return records
 
     def _call(self, func, args, kwargs, inputs):
         """Run the op; when it runs out of device memory, let the listener relieve memory in

@@ -1,7 +1,7 @@
 """make_plan: checked inputs -> planner -> simulator -> a Plan with its prediction."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from teraio import __version__
 from teraio.errors import PlanError, UsageError
@@ -9,6 +9,7 @@ from teraio.formats.common import Producer
 from teraio.formats.plan import Plan, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
 from teraio.formats.trace import Trace
 from teraio.units import format_bytes
+from teraio_plan.clean import mark_clean
 from teraio_plan.memory import kernel_need_bytes
 from teraio_plan.fill import fill_with_stalls
 from teraio_plan.fit import fit_budget
@@ -38,7 +39,7 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
                    ssd_write_gbps: float = DEFAULT_SSD_WRITE_GBPS, host_mem_bytes: int = 0,
                    host_gbps: float = DEFAULT_HOST_GBPS, pcie_gbps: float = DEFAULT_PCIE_GBPS,
                    headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US,
-                   allow_stalls: bool = True) -> PlannerInputs:
+                   allow_stalls: bool = True, clean_copies: bool = True) -> PlannerInputs:
     """PlannerInputs from user options, with every mistake a UsageError that says what to do."""
     budget = _budget(trace, gpu_mem_bytes)
     _check_counts(num_ssds, host_mem_bytes, headroom_bytes, latency_us)
@@ -50,7 +51,7 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
         budget_bytes=budget, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
         ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem_bytes, host_gbps=host_gbps,
         pcie_gbps=pcie_gbps, headroom_bytes=headroom_bytes, latency_us=latency_us,
-        allow_stalls=allow_stalls,
+        allow_stalls=allow_stalls, clean_copies=clean_copies,
     )
 
 
@@ -116,15 +117,22 @@ def _plan_with(trace: Trace, planning: PlannerInputs, stated: PlannerInputs,
     result = plan_entries(trace, planning, progress)
     if planning.allow_stalls:
         result = fill_with_stalls(trace, planning, result)
+    result = _with_clean_entries(trace, planning, result)
     sim = simulate(trace, assemble_plan(trace, stated, result, None))
     if planning.allow_stalls and sim.max_excess_bytes > 0:
         # Only where the replay is over: stalls can make it fit where the claim does not. Kept
         # when it gets closer (it cannot always fit: a host pool alone may be too small).
-        fitted = fit_budget(trace, planning, result)
+        fitted = _with_clean_entries(trace, planning, fit_budget(trace, planning, result))
         fitted_sim = simulate(trace, assemble_plan(trace, stated, fitted, None))
         if fitted_sim.max_excess_bytes < sim.max_excess_bytes:
             result, sim = fitted, fitted_sim
     return PlanOutcome(assemble_plan(trace, stated, result, sim), result, sim)
+
+
+def _with_clean_entries(trace: Trace, inputs: PlannerInputs, result: PlannerResult) -> PlannerResult:
+    """Note [Clean entries] in clean.py: entries the host pool's kept copies make free."""
+    entries, pool_bytes = mark_clean(trace, inputs, result.entries)
+    return replace(result, entries=entries, host_pool_bytes=max(result.host_pool_bytes, pool_bytes))
 
 
 def _rank(outcome: PlanOutcome) -> tuple:
@@ -155,6 +163,7 @@ def _prediction(result: PlannerResult, sim: SimResult | None) -> Prediction:
     by_tier = {"host": 0, "ssd": 0}
     for entry in result.entries:
         by_tier[entry.tier] += entry.nbytes
+    clean_bytes = sum(entry.nbytes for entry in result.entries if entry.clean)
     before = int(result.memory_before_bytes.max()) if len(result.memory_before_bytes) else 0
     if sim is None:  # placeholder while the simulator replays the plan
         return Prediction(iteration_ms=0.0, ideal_iteration_ms=0.0, share_of_ideal=0.0, stall_ms=0.0,
@@ -167,5 +176,5 @@ def _prediction(result: PlannerResult, sim: SimResult | None) -> Prediction:
         peak_bytes_without_plan=before, fits=sim.max_excess_bytes == 0,
         over_budget_kernels=sim.over_budget_kernels, max_excess_bytes=sim.max_excess_bytes,
         ssd_write_bytes_per_iteration=by_tier["ssd"], host_pool_bytes=result.host_pool_bytes,
-        offload_bytes_by_tier=by_tier,
+        offload_bytes_by_tier=by_tier, clean_bytes_per_iteration=clean_bytes,
     )

@@ -93,6 +93,7 @@ class _Instance:
 
     nbytes: int
     tier: str
+    clean: bool = False  # leaves without a copy (Note [Clean entries] in clean.py)
     offload: _Transfer | None = None
     prefetch: _Transfer | None = None
     away: bool = False  # the device copy is freed
@@ -162,7 +163,7 @@ class _Sim:
         end = 2 * self.num_k
         if e < 0 or a >= end:
             return
-        inst = _Instance(entry.nbytes, entry.tier)
+        inst = _Instance(entry.nbytes, entry.tier, entry.clean)
         if a < 0:  # offloaded in an iteration before the replay: assume it went as planned
             if p < 0:
                 return
@@ -313,6 +314,10 @@ class _Sim:
 
     def _after_kernel(self, g: int) -> None:
         for inst, deadline in self.events.after.get(g, ()):
+            if inst.clean:  # the pool's copy is current: the device lets go at once
+                inst.away = True
+                self.offloaded_bytes += inst.nbytes
+                continue
             inst.offload = self._issue(inst, True, deadline)
             self._count(inst.offload)
 

@@ -80,11 +80,12 @@ IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole r
 class _TensorLife:
     """Lifetime of one storage relative to the window iteration."""
 
-    __slots__ = ("record", "uses", "born", "freed", "watch")
+    __slots__ = ("record", "uses", "writes", "born", "freed", "watch")
 
     def __init__(self, record: StorageRecord, born: int):
         self.record = record
         self.uses: list[int] = []
+        self.writes: list[bool] = []   # per use: the op wrote it in place (Note [Writes] in teraio/walk.py)
         self.born = born          # kernel in the window; -1 if born before it
         self.freed = NOT_FREED    # absolute kernel count from window start; -1 if alive at end
         self.watch = None         # weak reference to its storage (Note [Deaths])
@@ -224,6 +225,7 @@ class TraceRecorder(WalkListener):
         self.waited_kernels += self.op_waited
         if self.device_type == "cuda":  # what the job would hold uncapped (Note [Profiling under a cap])
             self.device_bytes.append(cuda_allocated_bytes() + self.released_bytes())
+        wrote = {record.key for record in self.walk.op_written}
         for record in inputs + new:
             life = self.lives.get(record.key)
             if life is None:
@@ -232,6 +234,7 @@ class TraceRecorder(WalkListener):
                 if record.kind not in IMMORTAL_KINDS:
                     self._watch(life)
             life.uses.append(k)
+            life.writes.append(record.key in wrote)
 
     def _watch(self, life: _TensorLife) -> None:
         """Note [Deaths]: a window tensor dies at the op after which its storage is first seen
@@ -451,7 +454,7 @@ class TraceRecorder(WalkListener):
         num_k = self.kernels_in_window
         lives = sorted(self._kept_lives(), key=lambda life: (life.uses[0], life.record.id))
         cols = {key: [] for key in ("id", "name", "kind", "nbytes", "dtype", "shape", "born", "freed")}
-        offsets, uses = [0], []
+        offsets, uses, writes = [0], [], []
         for life in lives:
             record = life.record
             born, freed = self._lifetime(life, num_k)
@@ -460,8 +463,9 @@ class TraceRecorder(WalkListener):
                                ("born", born), ("freed", freed)):
                 cols[key].append(value)
             uses.extend(life.uses)
+            writes.extend(int(w) for w in life.writes)
             offsets.append(len(uses))
-        cols["use_offsets"], cols["use_kernels"] = offsets, uses
+        cols["use_offsets"], cols["use_kernels"], cols["use_writes"] = offsets, uses, writes
         return cols
 
     def _kept_lives(self):

@@ -33,8 +33,8 @@ def work(tmp_path_factory):
 def test_a_calibrated_plan_predicts_the_measured_iteration_closer(work):
     tmp, plan_args = work
     proc = ok(teraio("plan", tmp / "trace.msgpack", *plan_args, "--calibrate", tmp / "run.json",
-                     "-o", tmp / "calibrated.json", cwd=tmp))
-    assert "host time per kernel" in proc.stdout
+                     "-o", tmp / "calibrated.json", "--json", cwd=tmp))
+    assert json.loads(proc.stdout)["calibration"]["report"] == str(tmp / "run.json")
     calibrated, guessed = load_plan(tmp / "calibrated.json"), load_plan(tmp / "plan.json")
     calibration = calibrated.header.inputs.calibration
     assert {"host_gbps", "host_us_per_kernel"} <= calibration.measured.keys()

@@ -63,6 +63,8 @@ class PlannerInputs(Strict):
     headroom_bytes: int
     latency_us: float
     allow_stalls: bool = Field(True, description="plan transfers that delay kernels when the budget needs them")
+    clean_copies: bool = Field(True, description="the run keeps host copies of storages it brought back and "
+                               "releases them again without a copy while unwritten (teraio run's default)")
     host_us_per_kernel: float = Field(0.0, ge=0, description="host time the job's thread spends per kernel "
                                       "under the runtime (launch, walk, plan actions): the device waits for "
                                       "a host that is slower than its kernels; 0: it never does")
@@ -85,6 +87,8 @@ class Prediction(Strict):
     ssd_write_bytes_per_iteration: int
     host_pool_bytes: int
     offload_bytes_by_tier: dict[str, int]
+    clean_bytes_per_iteration: int = Field(0, description="bytes released without a copy (clean entries): "
+                                           "offload_bytes_by_tier less these is what crosses the link out")
 
 
 class PlanHeader(Strict):
@@ -108,6 +112,8 @@ class PlanEntry(Strict):
     needed_by: int = Field(ge=0)
     wraps: bool
     reason: str
+    clean: bool = Field(False, description="leaves without a copy: the host pool still holds a current one "
+                        "(teraio_plan/clean.py, Note [Clean entries])")
 
 
 KERNEL_FIELDS = ("offload_after", "offload_by", "prefetch_at", "needed_by")
@@ -157,7 +163,8 @@ def plan_to_json(plan: Plan) -> str:
     entries = sort_entries(plan.entries)
     for i, entry in enumerate(entries):
         comma = "," if i + 1 < len(entries) else ""
-        lines.append("  " + json.dumps(_round_floats(entry.model_dump(mode="json"))) + comma)
+        # `clean` only where true: entries read (and diff) as they did before it existed
+        lines.append("  " + json.dumps(_round_floats(entry.model_dump(mode="json", exclude_defaults=True))) + comma)
     lines += ["]", "}", ""]
     return "\n".join(lines)
 

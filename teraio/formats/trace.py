@@ -120,6 +120,9 @@ class TensorTable(Strict):
     freed: list[int]
     use_offsets: list[int]
     use_kernels: list[int]
+    use_writes: list[int] = Field(default_factory=list, description="1 where the use wrote the storage in "
+                                  "place (the op's schema marks it written), aligned with use_kernels; empty "
+                                  "in traces written before it (writes unknown)")
 
 
 class TraceFile(Strict):
@@ -151,6 +154,8 @@ class Trace:
     freed: np.ndarray            # int64, -1 for global
     use_offsets: np.ndarray      # int64, len num_tensors + 1
     use_kernels: np.ndarray      # int64, sorted within each tensor
+    # bool per use: the op wrote the storage in place; empty in traces written before it
+    use_writes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # uint32 per kernel, op name + output dtypes and ranks (teraio/walk.py op_structure);
     # empty in traces written before it
     structure: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
@@ -188,7 +193,7 @@ class Trace:
 
 
 JOB_COLUMNS = ("op_names", "kernel_op", "kernel_phase", "signature", "structure", "tensor_id", "tensor_name",
-               "kind", "nbytes", "dtype", "shape", "born", "freed", "use_offsets", "use_kernels")
+               "kind", "nbytes", "dtype", "shape", "born", "freed", "use_offsets", "use_kernels", "use_writes")
 
 
 def signature_digest(signatures) -> str:
@@ -202,6 +207,8 @@ def save_trace(trace_file: TraceFile, path: str | Path) -> None:
     raw = trace_file.model_dump(mode="python")
     if raw["header"]["profiled_under_cap"] is None:  # absent, as in traces written before it existed
         del raw["header"]["profiled_under_cap"]
+    if not raw["tensors"]["use_writes"] and raw["tensors"]["use_kernels"]:  # likewise
+        del raw["tensors"]["use_writes"]
     data = msgpack.packb(raw, use_bin_type=True)
     atomic_write_bytes(path, data)
 
@@ -237,6 +244,7 @@ def _columns_to_trace(header: TraceHeader, kernels: dict, tensors: dict) -> Trac
         freed=np.asarray(tensors["freed"], dtype=np.int64),
         use_offsets=np.asarray(tensors["use_offsets"], dtype=np.int64),
         use_kernels=np.asarray(tensors["use_kernels"], dtype=np.int64),
+        use_writes=np.asarray(tensors.get("use_writes", []), dtype=bool),
     )
     _check_shapes(trace, num_k, num_t)
     return trace
@@ -252,6 +260,8 @@ def _check_shapes(trace: Trace, num_k: int, num_t: int) -> None:
         raise ValueError("tensor columns disagree with header.num_tensors")
     if trace.use_offsets[-1] != len(trace.use_kernels):
         raise ValueError("use_offsets does not cover use_kernels")
+    if len(trace.use_writes) not in (0, len(trace.use_kernels)):
+        raise ValueError("use_writes does not match use_kernels")
     if len(trace.use_kernels) and (trace.use_kernels.min() < 0 or trace.use_kernels.max() >= num_k):
         raise ValueError("a tensor use points outside the kernel list")
     if len(trace.kernel_op) and (trace.kernel_op.min() < 0 or trace.kernel_op.max() >= len(trace.op_names)):
@@ -272,6 +282,7 @@ def trace_to_file(trace: Trace) -> TraceFile:
             nbytes=trace.nbytes.tolist(), dtype=trace.dtype, shape=trace.shape,
             born=trace.born.tolist(), freed=trace.freed.tolist(),
             use_offsets=trace.use_offsets.tolist(), use_kernels=trace.use_kernels.tolist(),
+            use_writes=trace.use_writes.astype(int).tolist(),
         ),
     )
 
