@@ -68,8 +68,8 @@ def measure(args) -> dict:
         calibrated = run_plan(job, tmp / "calibrated.json", tmp, ssd_args)
         if args.keep:  # for a look at the replay afterwards (trace, plans, reports)
             args.keep.mkdir(parents=True, exist_ok=True)
-            for path in tmp.glob("*.json"):
-                shutil.copy(path, args.keep / f"{args.label}.{path.name}")
+            for name in ("guessed.json", "guessed.report.json", "calibrated.json"):
+                shutil.copy(tmp / name, args.keep / f"{args.label}.{name}")
             shutil.copy(trace, args.keep / f"{args.label}.trace.msgpack")
     return {"label": args.label, "job": job[1:], "share": args.share, "peak_bytes": peak_bytes,
             "kernels": loaded.num_kernels, "trace_kernel_ms": round(float(loaded.duration_us.sum()) / 1e3, 1),
@@ -97,7 +97,7 @@ def main() -> None:
     p.add_argument("--ssd-dir", help="plan one SSD and put its swap files here (default: host tier only)")
     p.add_argument("--label", default="example")
     p.add_argument("--out", type=Path, help="append the result here (JSON lines)")
-    p.add_argument("--keep", type=Path, help="copy the trace, plans and reports into this folder")
+    p.add_argument("--keep", type=Path, help="copy the trace, both plans and the first report into this folder")
     p.add_argument("model_args", nargs=argparse.REMAINDER, help="-- then the example's arguments")
     args = p.parse_args()
     args.model_args = [a for a in args.model_args if a != "--"] or (["--preset", "tiny", "--layers", "12"]
