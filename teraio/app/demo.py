@@ -28,7 +28,7 @@ class DemoResult:
     losses_plain: list
     losses_planned: list
     predicted_ms: float            # the plan's prediction, with default rates
-    calibrated_ms: float           # the same plan replayed with what the run measured
+    calibrated_ms: float | None    # the same plan replayed with what the run measured (None: no iteration on plan)
     measured_ms: float             # the run's median iteration on plan
 
     @property
@@ -80,8 +80,10 @@ def _predictions(trace, inputs, plan_path: Path, report_path: Path) -> tuple[flo
     from teraio_plan.simulator import simulate
 
     plan, report = load_plan(plan_path), load_report(report_path)
-    replayed = simulate(trace, plan, calibrated(inputs, trace, report_path, given=set()))
-    return plan.header.prediction.iteration_ms, replayed.iteration_ms, report.measured_iteration_ms
+    replayed_ms = None
+    if report.iterations_on_plan:  # too few steps (`teraio demo -- --steps 2`) leave nothing to calibrate
+        replayed_ms = simulate(trace, plan, calibrated(inputs, trace, report_path, given=set())).iteration_ms
+    return plan.header.prediction.iteration_ms, replayed_ms, report.measured_iteration_ms
 
 
 def _plain_run(script: str, example_args: list[str], losses_out: Path) -> None:

@@ -34,10 +34,11 @@ def command(workdir, example_args):
     result = run_demo(Path(workdir), list(example_args), lambda msg: console.print(f"[bold cyan]demo:[/] {msg}"))
     print_trace_summary(result.trace, console)
     _print_plan(result.plan, console, max_rows=8)
-    console.print(f"predicted {format_ms(result.predicted_ms)} per iteration with default rates; with the rates "
-                  f"and host time this run measured, {format_ms(result.calibrated_ms)}; measured "
-                  f"{format_ms(result.measured_ms)} (teraio plan --calibrate {result.report} plans with them)",
-                  soft_wrap=True)
+    if result.calibrated_ms is not None:
+        console.print(f"predicted {format_ms(result.predicted_ms)} per iteration with default rates; with the "
+                      f"rates and host time this run measured, {format_ms(result.calibrated_ms)}; measured "
+                      f"{format_ms(result.measured_ms)} (teraio plan --calibrate {result.report} plans with them)",
+                      soft_wrap=True)
     if result.identical:
         console.print(f"[bold green]losses identical[/] with and without the plan over "
                       f"{len(result.losses_plain)} steps; files in {result.workdir}/")
