@@ -224,3 +224,17 @@ def test_host_cost_measures_each_regime_through_the_cli(tmp_path):
     assert r["targets"]["planned"]["target_us_per_kernel"] == 25
     assert r["targets"]["unplanned"]["target_us_per_kernel"] == 50
     assert "host cost per kernel" in proc.stdout
+
+
+def test_recompute_candidates_find_the_autocast_weight_casts_replayable_from_weights_alone():
+    """bench/recompute_candidates.py on the committed 3B bf16 trace: the bf16 copies autocast makes
+    of fp32 weights need nothing but the weights to be made again; matmul outputs need their
+    activation input too."""
+    from teraio.formats.trace import load_trace
+
+    sys.path.insert(0, str(BENCH))
+    from recompute_candidates import analyse
+
+    by_op = analyse(load_trace(ROOT / "traces" / "h200-3b-bf16.msgpack"))
+    assert by_op["_to_copy"]["from_globals_bytes"] > 5 * 2**30
+    assert by_op["mm"]["replayable_bytes"] > 0 == by_op["mm"]["from_globals_bytes"]
