@@ -93,14 +93,17 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
     out.print(f"  predicted {format_ms(s['predicted_iteration_ms'])} per iteration vs ideal "
               f"{format_ms(s['ideal_iteration_ms'])} ({s['share_of_ideal']:.1%}); "
               + ", ".join(f"{tier} {format_bytes(n)}" for tier, n in s["offload_bytes_by_tier"].items()))
+    if plan.header.prediction.clean_bytes_per_iteration:
+        out.print(f"  {format_bytes(plan.header.prediction.clean_bytes_per_iteration)} per iteration leave without "
+                  "a copy (clean: the host pool holds a current one)")
     table = Table("tensor", "tier", "size", "out after", "back at", "needed by",
                   title=f"Largest of {len(plan.entries)} entries (each one's reason is in the file)",
                   title_justify="left")
     table.columns[0].overflow = "fold"
     largest = sorted(plan.entries, key=lambda e: (-e.nbytes, e.offload_after))[:max_rows]
     for entry in largest:
-        table.add_row(entry.name, entry.tier, format_bytes(entry.nbytes), str(entry.offload_after),
-                      str(entry.prefetch_at), str(entry.needed_by))
+        table.add_row(entry.name, entry.tier + (" (clean)" if entry.clean else ""), format_bytes(entry.nbytes),
+                      str(entry.offload_after), str(entry.prefetch_at), str(entry.needed_by))
     out.print(table)
     if len(plan.entries) > max_rows:
         out.print(f"  ... and {len(plan.entries) - max_rows} more (the file has one entry per line)")
