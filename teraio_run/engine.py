@@ -305,7 +305,10 @@ class MigrationEngine:
         if not (self.releasing and self.releasing[0].tier is tier):
             return False
         oldest = self.releasing.popleft()
-        oldest.transfer.wait_host()
+        if not oldest.transfer.done():  # a wait the job's thread sits through: a stall like the others
+            t0 = time.perf_counter()
+            oldest.transfer.wait_host()
+            self.stats.stall("pool_full", "(host pool full: waiting for a copy-in)", time.perf_counter() - t0)
         self._release_slot(oldest)
         return True
 

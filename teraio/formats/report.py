@@ -68,7 +68,13 @@ class RunReport(Strict):
         default_factory=dict, description="bytes moved / time busy, per path (d2h, h2d, d2s, s2d), GB/s")
     stall_count: int
     stall_ms: float
-    stall_ms_by_cause: dict[str, float]
+    stall_ms_by_cause: dict[str, float] = Field(description="late_prefetch (a copy-in the plan started was not back "
+                                                "in time), not_prefetched (an input was out and no copy-in had "
+                                                "started), unplanned (a copy-in started outside the plan was not back), "
+                                                "memory_short (waiting for copy-outs, or evicting, over the budget), "
+                                                "out_of_memory (relief after an allocation failed), pool_full (a "
+                                                "copy-out waited for a copy-in to free host pool room), raw_read and "
+                                                "restore_all (everything brought back for a read outside ATen)")
     top_stalled_tensors: dict[str, float]
     deadline_misses: int
     cancelled_offloads: int
