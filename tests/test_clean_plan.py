@@ -5,6 +5,8 @@ Through the real CLI on the bundled example with gradient accumulation (CPU): we
 and come back once per micro-batch and are written only by the optimizer step.
 """
 
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from teraio.formats.plan import load_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import Kind, Phase, live_bytes_per_kernel, load_trace
 from teraio_plan.simulator import simulate
-from cli_helpers import EXAMPLE, PYTHON, example, losses, ok, teraio
+from cli_helpers import CPU_ENV, EXAMPLE, PYTHON, example, losses, ok, teraio
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ("--device", "cpu", "--steps", "6", "--accum", "2")
@@ -74,3 +76,25 @@ def test_a_trace_without_write_information_plans_no_clean_entry(tmp_path):
     ok(teraio("plan", trace, "--gpu-mem", "4MiB", "--ssds", 0, "--host-mem", "16MiB", "-o", tmp_path / "p.json",
               cwd=tmp_path))
     assert not any(e.clean for e in load_plan(tmp_path / "p.json").entries)
+
+
+def test_a_lora_fine_tune_writes_at_most_half_of_what_it_releases(tmp_path):
+    """Issue 15's LoRA case (peft adapters on a frozen base, accumulation 4) planned by `teraio
+    plan` at half its peak: the frozen weights leave for free after their first copy, in the
+    plan and in the run, which trains bit for bit like the plain one."""
+    client = ROOT / "tests" / "clients" / "hf_llama.py"
+    job = ("--lora", "--accum", 4, "--batch", 1, "--seq", 16)
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, client, "--steps", 6, *job, cwd=tmp_path))
+    peak_bytes = int(live_bytes_per_kernel(load_trace(tmp_path / "t.msgpack")).max())
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", peak_bytes // 2, "--ssds", 0, "--host-mem", peak_bytes,
+              "-o", tmp_path / "p.json", cwd=tmp_path))
+    prediction = load_plan(tmp_path / "p.json").header.prediction
+    assert prediction.clean_bytes_per_iteration >= prediction.offload_bytes_by_tier["host"] / 2
+    ok(teraio("run", "--plan", tmp_path / "p.json", "--report", tmp_path / "r.json", "--", PYTHON, client,
+              "--steps", 7, *job, "--losses-out", tmp_path / "run.losses", cwd=tmp_path))
+    plain = subprocess.run([PYTHON, str(client), "--steps", "7", *map(str, job), "--losses-out", "plain.losses"],
+                           cwd=tmp_path, env=dict(os.environ, **CPU_ENV), capture_output=True)
+    assert plain.returncode == 0, plain.stderr
+    assert losses(tmp_path / "run.losses") == losses(tmp_path / "plain.losses")
+    report = load_report(tmp_path / "r.json")
+    assert report.written_bytes["host"] <= report.offloaded_bytes["host"] / 2
