@@ -46,3 +46,8 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     if r.plan_pauses:
         out.print(f"  plan paused in {r.plan_pauses} iteration(s) at ops unlike the trace's (evaluation, "
                   f"saving, another batch shape) and resumed at the next; first: {r.pause_reason}")
+
+
+def tier_label(entry) -> str:
+    """A plan entry's tier as the commands show it: "host (clean)" when it leaves without a copy."""
+    return f"{entry.tier} (clean)" if entry.clean else entry.tier

@@ -5,6 +5,7 @@ Through the real CLI on the bundled example with gradient accumulation (CPU): we
 and come back once per micro-batch and are written only by the optimizer step.
 """
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -55,6 +56,8 @@ def test_unwritten_reoffloads_are_planned_clean_and_cost_no_copy(work):
     as_copies = clean.model_copy(update={"entries": [e.model_copy(update={"clean": False}) for e in clean.entries]})
     moved = simulate(trace, clean).bytes_by_path["d2h"]
     assert simulate(trace, as_copies).bytes_by_path["d2h"] - moved == clean.header.prediction.clean_bytes_per_iteration
+    diff = json.loads(ok(teraio("diff", tmp / "copies.json", tmp / "clean.json", "--json", cwd=tmp)).stdout)
+    assert sorted(c["tensor"] for c in diff["changed"] if "clean" in c["fields"]) == sorted(e.tensor for e in marked)
 
 
 def test_the_run_releases_at_least_the_planned_clean_bytes_without_a_copy(work, tmp_path):

@@ -9,6 +9,7 @@ from rich.table import Table
 from teraio.app.commands.options import json_flag
 from teraio.formats.plan import PlanEntry, load_plan
 from teraio.units import format_bytes
+from teraio.views import tier_label
 from teraio_plan import diff_plans
 from teraio_plan.diff import PlanDiff
 
@@ -43,11 +44,12 @@ def _print_diff(d: PlanDiff, old: str, new: str) -> None:
     for col in ("", "tensor", "size", "tier", "off after->by .. pre at->needed"):
         table.add_column(col)
     for e in d.removed:
-        table.add_row("[red]-[/]", e.tensor, format_bytes(e.nbytes), e.tier, _timing(e))
+        table.add_row("[red]-[/]", e.tensor, format_bytes(e.nbytes), tier_label(e), _timing(e))
     for e in d.added:
-        table.add_row("[green]+[/]", e.tensor, format_bytes(e.nbytes), e.tier, _timing(e))
+        table.add_row("[green]+[/]", e.tensor, format_bytes(e.nbytes), tier_label(e), _timing(e))
     for c in d.changed:
-        tier = c.new.tier if c.old.tier == c.new.tier else f"{c.old.tier}->{c.new.tier}"
+        old_tier, new_tier = tier_label(c.old), tier_label(c.new)
+        tier = new_tier if old_tier == new_tier else f"{old_tier}->{new_tier}"
         table.add_row("[yellow]~[/]", c.new.tensor, format_bytes(c.new.nbytes), tier,
                       f"{_timing(c.old)}  =>  {_timing(c.new)}")
     console.print(table)

@@ -10,6 +10,7 @@ from rich.table import Table
 from teraio.app.commands.options import json_flag
 from teraio.formats.common import PLAN_FORMAT, REPORT_FORMAT, TRACE_FORMAT, detect_format, read_raw
 from teraio.units import format_bytes, format_ms
+from teraio.views import tier_label
 
 console = Console(highlight=False)
 
@@ -102,7 +103,7 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
     table.columns[0].overflow = "fold"
     largest = sorted(plan.entries, key=lambda e: (-e.nbytes, e.offload_after))[:max_rows]
     for entry in largest:
-        table.add_row(entry.name, entry.tier + (" (clean)" if entry.clean else ""), format_bytes(entry.nbytes),
+        table.add_row(entry.name, tier_label(entry), format_bytes(entry.nbytes),
                       str(entry.offload_after), str(entry.prefetch_at), str(entry.needed_by))
     out.print(table)
     if len(plan.entries) > max_rows:
