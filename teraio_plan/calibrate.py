@@ -9,12 +9,18 @@ plan:
   bytes-weighted rate of d2h and h2d (the model has one figure for both), the SSD's the
   run's aggregate rate divided among --ssds (the run is assumed to have striped over as
   many swap folders as the plan gives drives);
-- the host time of the job's thread per kernel: the walk and the agent (stalls taken out)
-  plus, on a GPU, the time inside the ops' calls (PyTorch's launch cost; on the CPU that
-  time is the kernels themselves, which the trace has), median over those iterations. The simulator makes the device wait for a thread slower than its kernels
+- the host time of the job's thread per kernel, median over those iterations: on a GPU the
+  walk and the agent (stalls taken out) plus the time inside the ops' calls (PyTorch's launch
+  cost); the job's own Python between ops is not separable from waiting for the device there
+  and is left out. On the CPU, where the thread runs the kernels itself, everything but the
+  time inside the ops and the stalls (the walk, the job's Python, the dispatch). The simulator makes the device wait for a thread slower than its kernels
   (Note [Host-bound kernels] in simulator.py). It is a cost per kernel at the calibrating
   plan's density of actions: a plan at another budget moves more or fewer tensors, so
-  calibrate again from a run of it when the prediction must hold closely.
+  calibrate again from a run of it when the prediction must hold closely;
+- on the CPU, where the thread runs the kernels itself, their time too: the run's time inside
+  the ops over the trace's kernel time scales the replayed kernels (kernel_time_scale; the
+  profiler's kernels took ~1.6x the run's on the example, and more when the box was busier
+  while profiling). A GPU run does not time its kernels: the scale stays 1 there.
 A figure the user gives on the command line wins over the measured one. The plan says what
 was measured (PlannerInputs.calibration) so a reader knows which numbers are the machine's.
 """
@@ -41,9 +47,10 @@ def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: se
         raise UsageError(f"{report_path} has no iteration that followed its plan ({report.iterations} ran): "
                          "run the job for more steps (at least 3) under the plan, then calibrate again")
     measured = _measured_rates(report, inputs.num_ssds)
-    launch = 0.0 if report.header.device == "cpu" else 1.0
-    measured["host_us_per_kernel"] = median(
-        (row.walk_ms - row.stall_ms + launch * row.op_launch_ms) * 1e3 / row.kernels for row in rows if row.kernels)
+    on_cpu = report.header.device == "cpu"
+    measured["host_us_per_kernel"] = _host_us_per_kernel(rows, on_cpu)
+    if on_cpu and trace.duration_us.sum() > 0:  # the kernels' own time, measured where the thread runs them
+        measured["kernel_time_scale"] = median(row.op_launch_ms for row in rows) * 1e3 / float(trace.duration_us.sum())
     if measured.get("host_gbps", 0) > inputs.pcie_gbps:
         measured["pcie_gbps"] = measured["host_gbps"]  # the link carried it: it is at least that fast
     measured = {name: round(value, 3) for name, value in measured.items() if name not in given}
@@ -56,6 +63,15 @@ def _check_same_job(trace: Trace, report: RunReport, report_path: Path) -> None:
         raise UsageError(f"{report_path} is a run of another job (its plan's trace has op digest "
                          f"{report.header.plan_op_digest}, this trace {trace.header.op_digest}): calibrate "
                          "with the report of a run of a plan made from this trace")
+
+
+def _host_us_per_kernel(rows: list, on_cpu: bool) -> float:
+    """Note [Calibration]: the thread's time per kernel, stalls out."""
+    def per_kernel_us(row) -> float:
+        if on_cpu:  # all of the iteration but the kernels (inside the ops) and the stalls
+            return (row.ms - row.op_launch_ms - row.stall_ms) * 1e3 / row.kernels
+        return (row.walk_ms - row.stall_ms + row.op_launch_ms) * 1e3 / row.kernels
+    return median(per_kernel_us(row) for row in rows)
 
 
 def _measured_rates(report: RunReport, num_ssds: int) -> dict[str, float]:

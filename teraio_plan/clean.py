@@ -30,16 +30,14 @@ def mark_clean(trace: Trace, inputs: PlannerInputs, entries: list[PlanEntry]) ->
     """(entries with `clean` set where Note [Clean entries] allows, host pool bytes needed)."""
     num_k = trace.num_kernels
     held_bytes = _pool_occupancy(entries, num_k)
-    if not inputs.clean_copies or not len(trace.use_writes) or not num_k:
-        return [e.model_copy(update={"clean": False}) if e.clean else e for e in entries], \
-            int(held_bytes.max(initial=0))
-    index = {tensor_id: i for i, tensor_id in enumerate(trace.tensor_id)}
     clean = set()
-    for j, hold in sorted(_candidates(trace, index, entries, num_k), key=lambda c: -entries[c[0]].nbytes):
-        nbytes = entries[j].nbytes
-        if held_bytes[hold].max(initial=0) + nbytes <= inputs.host_mem_bytes:
-            held_bytes[hold] += nbytes
-            clean.add(j)
+    if inputs.clean_copies and len(trace.use_writes) and num_k:
+        index = {tensor_id: i for i, tensor_id in enumerate(trace.tensor_id)}
+        for j, hold in sorted(_candidates(trace, index, entries, num_k), key=lambda c: -entries[c[0]].nbytes):
+            nbytes = entries[j].nbytes
+            if held_bytes[hold].max(initial=0) + nbytes <= inputs.host_mem_bytes:
+                held_bytes[hold] += nbytes
+                clean.add(j)
     marked = [e if e.clean == (j in clean) else e.model_copy(update={"clean": j in clean})
               for j, e in enumerate(entries)]
     return marked, int(held_bytes.max(initial=0))

@@ -130,7 +130,7 @@ def planned_memory(demand_bytes: np.ndarray, plan: Plan) -> np.ndarray:
 class _Sim:
     def __init__(self, trace: Trace, plan: Plan, inputs: PlannerInputs):
         self.num_k = trace.num_kernels
-        self.duration_us = trace.duration_us.astype(np.float64)
+        self.duration_us = trace.duration_us.astype(np.float64) * inputs.kernel_time_scale
         self.host_us_per_kernel = inputs.host_us_per_kernel
         self.synchronous = trace.header.device.type == "cpu"   # Note [Host-bound kernels]
         self.demand_bytes = memory_curve(trace, inputs.headroom_bytes)

@@ -48,7 +48,8 @@ class Calibration(Strict):
 
     report: str = Field(description="the run report they were read from, as given")
     measured: dict[str, float] = Field(description="planner input -> the measured value it took "
-                                       "(host_gbps, ssd_read_gbps, ssd_write_gbps, host_us_per_kernel)")
+                                       "(host_gbps, ssd_read_gbps, ssd_write_gbps, host_us_per_kernel, "
+                                       "kernel_time_scale)")
     planned_iterations: int = Field(ge=1, description="the report's iterations on plan they come from")
 
 
@@ -68,6 +69,9 @@ class PlannerInputs(Strict):
     host_us_per_kernel: float = Field(0.0, ge=0, description="host time the job's thread spends per kernel "
                                       "under the runtime (launch, walk, plan actions): the device waits for "
                                       "a host that is slower than its kernels; 0: it never does")
+    kernel_time_scale: float = Field(1.0, gt=0, description="the trace's kernel times are replayed times this: "
+                                     "a CPU run's time inside its ops over the trace's (the profiler's walk slows "
+                                     "the ops it times); 1 on a GPU and uncalibrated")
     calibration: Calibration | None = Field(None, description="which inputs were measured by a run (None: all "
                                             "were given or defaults)")
 

@@ -168,7 +168,8 @@ def _print_summary(s: dict) -> None:
 
 def _measured_line(calibration: dict) -> str:
     units = {"host_us_per_kernel": " us host time per kernel", "host_gbps": " GB/s host",
-             "pcie_gbps": " GB/s link", "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write"}
+             "pcie_gbps": " GB/s link", "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write",
+             "kernel_time_scale": "x the trace's kernel times"}
     figures = ", ".join(f"{value:g}{units[name]}" for name, value in calibration["measured"].items())
     return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})"
 
