@@ -32,6 +32,24 @@ def test_slower_disk_than_planned_stalls_the_kernel_that_needs_the_tensor():
     assert sim.bytes_by_path["d2s"] == GiB and sim.bytes_by_path["s2d"] == GiB
 
 
+def test_a_thread_slower_than_the_kernels_sets_the_pace_and_a_faster_one_hides():
+    """Note [Host-bound kernels]: on a GPU the thread runs ahead of long kernels and the device
+    waits on short ones; on the CPU the thread runs the kernels, so its time adds up."""
+    durations = [1000.0] * 10 + [10.0] * 90          # 10 long kernels, then 90 short ones
+    gpu = make_trace(durations, [T("w", MiB, [0, 99])], capacity_bytes=10 * GiB)
+    plan = make_plan_outcome(gpu, planner_inputs(gpu)).plan
+    def replay_ms(trace, host_us):
+        inputs = plan.header.inputs.model_copy(update={"host_us_per_kernel": host_us})
+        return simulate(trace, plan, inputs).iteration_ms
+    assert replay_ms(gpu, 0.0) == pytest.approx(10.9)
+    assert replay_ms(gpu, 5.0) == pytest.approx(10.9)         # hidden behind the kernels
+    assert replay_ms(gpu, 200.0) == pytest.approx(20.0)       # 100 issues of 200 us: the thread's pace
+    cpu = make_trace(durations, [T("w", MiB, [0, 99])])
+    assert replay_ms(cpu, 5.0) == pytest.approx(10.9 + 0.5)   # the thread runs them: it adds up
+    scaled = plan.header.inputs.model_copy(update={"kernel_time_scale": 0.5})
+    assert simulate(gpu, plan, scaled).iteration_ms == pytest.approx(10.9 / 2)
+
+
 def test_sweep_rises_with_bandwidth_and_fits_at_zero_only_if_no_plan_needed():
     trace = layered_trace(num_layers=6, kernels_per_layer=12, seed=2)
     budget = int(0.75 * memory_curve(trace, 0).max())
