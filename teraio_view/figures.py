@@ -246,7 +246,7 @@ def bytes_figure(f: RunFiles) -> Figure:
     if f.report is not None:
         its = max(f.report.iterations, 1)
         per = lambda d: {k: v / its for k, v in d.items()}  # noqa: E731
-        series += [("run: out, mean per iteration", RUN_COLOR, per(f.report.offloaded_bytes),
+        series += [("run: out, mean per iteration", RUN_COLOR, per(_run_out_bytes(f.report)),
                     per(f.report.offloaded_bytes_by_kind)),
                    ("run: back, mean per iteration", "#FFBB78", per(f.report.prefetched_bytes), {})]
     scale, unit = byte_unit(max((v for s in series for d in s[2:] for v in d.values()), default=0))
@@ -257,15 +257,28 @@ def bytes_figure(f: RunFiles) -> Figure:
     layout(fig, 380, barmode="group", yaxis_title=unit, margin=dict(l=60, r=30, t=80, b=80),
            legend=dict(orientation="h", y=1.2, x=0))
     return Figure("bytes", "Bytes moved", "Bytes leaving the device per iteration, by tier and by kind: the "
-                  "plan's, and the run's mean over all its iterations.", fig, 380, wide=False)
+                  "plan's, and the run's mean over all its iterations. Of those, the bytes that left without a "
+                  "copy (the host pool held a current one: clean) did not cross the link.", fig, 380, wide=False)
+
+
+CLEAN = "of which clean (no copy)"
 
 
 def _plan_bytes(plan) -> tuple[dict, dict]:
-    by_tier, by_kind = {"ssd": 0, "host": 0}, {}
+    by_tier, by_kind = {"ssd": 0, "host": 0, CLEAN: 0}, {}
     for e in plan.entries:
         by_tier[e.tier] += e.nbytes
+        by_tier[CLEAN] += e.nbytes if e.clean else 0
         by_kind[e.kind] = by_kind.get(e.kind, 0) + e.nbytes
     return by_tier, by_kind
+
+
+def _run_out_bytes(report) -> dict:
+    """Released per tier, and of it what left without a copy (reports without written_bytes: nothing known)."""
+    out = dict(report.offloaded_bytes)
+    if report.written_bytes:
+        out[CLEAN] = sum(n - report.written_bytes.get(tier, n) for tier, n in report.offloaded_bytes.items())
+    return out
 
 
 def _grouped(fig, name: str, color: str, values: dict, col: int, scale: float) -> None:

@@ -108,6 +108,10 @@ def test_the_examples_report_draws_every_figure_in_chromium(example_files):
     assert html.count("* plotly.js v") == 1 and html.count('<script id="tio-data"') == 1
     marks = drawn_in_chromium(out)
     assert len(marks) == 8 and all(n > 0 for n in marks.values()), marks
+    # the bytes that left without a copy, planned and run, beside the tiers
+    bars = [t for fig in payload(html) for t in fig.get("data", []) if t.get("type") == "bar"]
+    clean = [t["name"] for t in bars if "of which clean (no copy)" in (t.get("x") or [])]
+    assert "planned, per iteration" in clean and "run: out, mean per iteration" in clean
 
 
 @needs_chromium
