@@ -4,8 +4,9 @@ Note [Calibration]
 A plan is a prediction; the rates it is made with are guesses (the defaults, or the user's
 figures) until a run measures them. A run report has, for the iterations that followed the
 plan:
-- the achieved rate of each copy path (bytes moved over the time the path was busy, both
-  directions running together as they do in a run): the host tier's rate becomes the
+- the achieved rate of each copy path over the whole run (bytes moved over the time the path
+  was busy, both directions running together as they do in a run; the unplanned first
+  iterations' evictions count too): the host tier's rate becomes the
   bytes-weighted rate of d2h and h2d (the model has one figure for both), the SSD's the
   run's aggregate rate divided among --ssds (the run is assumed to have striped over as
   many swap folders as the plan gives drives);
@@ -28,7 +29,7 @@ was measured (PlannerInputs.calibration) so a reader knows which numbers are the
 from pathlib import Path
 from statistics import median
 
-from teraio.errors import UsageError
+from teraio.errors import FileFormatError, UsageError
 from teraio.formats.plan import Calibration, PlannerInputs
 from teraio.formats.report import RunReport, load_report
 from teraio.formats.trace import Trace
@@ -38,14 +39,18 @@ OPTION_OF = {"host_gbps": "--host-gbps", "pcie_gbps": "--pcie-gbps", "ssd_read_g
              "ssd_write_gbps": "--ssd-write-gbps"}
 
 
-def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: set[str]) -> PlannerInputs:
+def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: set[str],
+               trace_name: str = "this trace") -> PlannerInputs:
     """`inputs` with the figures the report measured, except those in `given` (input names)."""
-    report = load_report(report_path)
-    _check_same_job(trace, report, report_path)
+    try:
+        report = load_report(report_path)
+    except FileFormatError as err:
+        raise FileFormatError(f"--calibrate: {err}") from None
+    _check_same_job(trace, report, report_path, trace_name)
     rows = [row for row in report.per_iteration if row.followed_plan]
     if not rows:
-        raise UsageError(f"{report_path} has no iteration that followed its plan ({report.iterations} ran): "
-                         "run the job for more steps (at least 3) under the plan, then calibrate again")
+        raise UsageError(f"--calibrate: {report_path} has no iteration that followed its plan "
+                         f"({report.iterations} ran): {_why_unplanned(report)}")
     measured = _measured_rates(report, inputs.num_ssds)
     on_cpu = report.header.device == "cpu"
     measured["host_us_per_kernel"] = _host_us_per_kernel(rows, on_cpu)
@@ -58,11 +63,20 @@ def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: se
     return inputs.model_copy(update={**measured, "calibration": calibration})
 
 
-def _check_same_job(trace: Trace, report: RunReport, report_path: Path) -> None:
+def _check_same_job(trace: Trace, report: RunReport, report_path: Path, trace_name: str) -> None:
     if report.header.plan_op_digest != trace.header.op_digest:
-        raise UsageError(f"{report_path} is a run of another job (its plan's trace has op digest "
-                         f"{report.header.plan_op_digest}, this trace {trace.header.op_digest}): calibrate "
+        raise UsageError(f"--calibrate: {report_path} is a run of another job (its plan's trace has op digest "
+                         f"{report.header.plan_op_digest}, {trace_name} {trace.header.op_digest}): calibrate "
                          "with the report of a run of a plan made from this trace")
+
+
+def _why_unplanned(report: RunReport) -> str:
+    """What the run said about it, and what to do."""
+    if report.guard_reason:
+        return f"{report.guard_reason}; calibrate from a run of this job whose iterations matched"
+    if report.pause_reason:
+        return f"the plan paused ({report.pause_reason}); calibrate from a run whose iterations follow it"
+    return "run the job for more steps (at least 3) under the plan, then calibrate again"
 
 
 def _host_us_per_kernel(rows: list, on_cpu: bool) -> float:

@@ -124,3 +124,16 @@ def test_real_cli_plans_the_committed_cpu_trace(tmp_path):
                   "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["num_entries"] == len(load_plan(tmp_path / "p.json").entries)
+
+
+def test_a_budget_below_what_must_stay_names_the_least_that_fits(tmp_path):
+    """Between one kernel's own need (the refusal) and what no entry can move (Note [What must
+    stay]) a plan cannot fit: the summary names the least --gpu-mem that can, and that the
+    runtime still keeps this one by evicting (it used to advise a host pool the plan had)."""
+    trace = make_trace([10.0] * 100, [T("w", GiB, [0, 99]),
+                                      T("y", GiB, [1, 2, 3], Kind.activation, born=1, freed=4)])
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    res = CliRunner().invoke(cli, ["plan", str(path), "--gpu-mem", "1.5GiB", "--ssds", 1], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "does not fit" in res.output and f"no plan fits below --gpu-mem {2 * GiB}" in res.output
+    assert "evicting on demand" in res.output and "add SSDs" not in res.output

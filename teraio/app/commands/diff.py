@@ -64,12 +64,15 @@ def _print_changes(title: str, changes: dict) -> None:
     for col in ("field", "old", "new"):
         table.add_column(col)
     for name, (a, b) in changes.items():
-        table.add_row(name, _show(name, a), _show(name, b))
+        old, new = _show(name, a), _show(name, b)
+        if old == new:  # a change the rounding hides: the exact values
+            old, new = str(a), str(b)
+        table.add_row(name, old, new)
     console.print(table)
 
 
 def _show(name: str, value) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and name.endswith("bytes"):
+    if isinstance(value, int) and not isinstance(value, bool) and "_bytes" in f"{name}_":
         return format_bytes(value)
     if isinstance(value, float):
         return f"{value:.4g}"

@@ -79,6 +79,8 @@ def _plan_stats(path):
         "predicted_peak_bytes": p.peak_bytes, "predicted_stall_ms": p.stall_ms, "fits": p.fits,
         "offload_bytes_by_tier": p.offload_bytes_by_tier,
         "ssd_write_bytes_per_iteration": p.ssd_write_bytes_per_iteration,
+        "clean_bytes_per_iteration": p.clean_bytes_per_iteration, "host_pool_bytes": p.host_pool_bytes,
+        "calibration": h.inputs.calibration.model_dump() if h.inputs.calibration else None,
         "trace_op_digest": h.trace.op_digest,
     }
 
@@ -94,6 +96,9 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
     out.print(f"  predicted {format_ms(s['predicted_iteration_ms'])} per iteration vs ideal "
               f"{format_ms(s['ideal_iteration_ms'])} ({s['share_of_ideal']:.1%}); "
               + ", ".join(f"{tier} {format_bytes(n)}" for tier, n in s["offload_bytes_by_tier"].items()))
+    if s["calibration"]:
+        figures = ", ".join(f"{name} {value:.3g}" for name, value in s["calibration"]["measured"].items())
+        out.print(f"  calibrated from {s['calibration']['report']}: {figures or 'nothing (every figure was given)'}")
     if plan.header.prediction.clean_bytes_per_iteration:
         out.print(f"  {format_bytes(plan.header.prediction.clean_bytes_per_iteration)} per iteration leave without "
                   "a copy (clean: the host pool holds a current one)")

@@ -16,6 +16,7 @@ from teraio.formats.trace import Trace, load_trace
 from teraio.units import format_bytes, format_ms
 from teraio_plan import PlanOutcome, make_plan_outcome, planner_inputs, sweep
 from teraio_plan.calibrate import OPTION_OF, calibrated
+from teraio_plan.memory import min_required_bytes
 from teraio_plan.make import (
     DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS, DEFAULT_SSD_READ_GBPS, DEFAULT_SSD_WRITE_GBPS,
 )
@@ -74,7 +75,7 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
     if not do_sweep:
         for path in traces:
             _check_output(output or default_output(path))
-    jobs = [(path, trace, _inputs(trace, options, calibrate_from)) for path, trace in
+    jobs = [(path, trace, _inputs(path, trace, options, calibrate_from)) for path, trace in
             ((path, load_trace(path)) for path in traces)]
     reports = []
     for path, trace, inputs in jobs:
@@ -86,13 +87,13 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, sort_keys=True))
 
 
-def _inputs(trace: Trace, options: dict, calibrate_from: Path | None):
+def _inputs(path: Path, trace: Trace, options: dict, calibrate_from: Path | None):
     inputs = planner_inputs(trace, **options)
     if calibrate_from is None:
         return inputs
     source = click.get_current_context().get_parameter_source
     given = {name for name in OPTION_OF if source(name) is not ParameterSource.DEFAULT}
-    return calibrated(inputs, trace, calibrate_from, given)
+    return calibrated(inputs, trace, calibrate_from, given, trace_name=str(path))
 
 
 def _check_output(path: Path) -> None:
@@ -136,6 +137,7 @@ def plan_summary(outcome: PlanOutcome, trace: Trace, out_path: Path) -> dict:
         "over_budget_kernels": pred.over_budget_kernels, "max_excess_bytes": pred.max_excess_bytes,
         "worst_kernel": worst if not pred.fits else None,
         "worst_op": trace.op_name(worst) if not pred.fits and trace.num_kernels else None,
+        "floor_bytes": None if pred.fits else min_required_bytes(trace, inputs.headroom_bytes)[0],
         "calibration": inputs.calibration.model_dump() if inputs.calibration else None,
     }
 
@@ -162,15 +164,22 @@ def _print_summary(s: dict) -> None:
     if not s["fits"]:
         console.print(
             f"[bold yellow]does not fit:[/] over budget at {s['over_budget_kernels']} kernels, worst at kernel "
-            f"{s['worst_kernel']} ({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; "
-            "add SSDs, a host pool (--host-mem) or a larger --gpu-mem", soft_wrap=True)
+            f"{s['worst_kernel']} ({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; {_fit_advice(s)}",
+            soft_wrap=True)
+
+
+def _fit_advice(s: dict) -> str:
+    if s["budget_bytes"] < s["floor_bytes"]:  # Note [What must stay] in teraio_plan/memory.py
+        return (f"no plan fits below --gpu-mem {s['floor_bytes']} ({format_bytes(s['floor_bytes'])}: what no "
+                "entry can move); under this one teraio run keeps the cap by evicting on demand")
+    return "add SSDs, a host pool (--host-mem) or a larger --gpu-mem"
 
 
 def _measured_line(calibration: dict) -> str:
     units = {"host_us_per_kernel": " us host time per kernel", "host_gbps": " GB/s host",
              "pcie_gbps": " GB/s link", "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write",
              "kernel_time_scale": "x the trace's kernel times"}
-    figures = ", ".join(f"{value:g}{units[name]}" for name, value in calibration["measured"].items())
+    figures = ", ".join(f"{value:.3g}{units[name]}" for name, value in calibration["measured"].items())
     return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})"
 
 
