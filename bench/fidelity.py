@@ -8,7 +8,9 @@ Through the real CLI on the bundled example (arguments after `--` go to it): `te
 profile`, `teraio plan` at --share of the traced peak (host tier only unless --ssd-dir), a
 `teraio run --report` under it, `teraio plan --calibrate` from that report, and a second
 run under the calibrated plan. Per plan: its predicted iteration and the run's measured one
-(the report's median over iterations on plan), and the error. Results are appended to --out
+(the report's median over iterations on plan), and the error; and the first plan replayed with
+the figures its own run measured (the model against the run it learned from, apart from how
+well those figures carry to the calibrated plan). Results are appended to --out
 (JSON lines); docs/planner.md keeps the table with commands and commits.
 """
 
@@ -30,6 +32,7 @@ from run_baseline import git_commit  # noqa: E402
 from teraio.formats.plan import load_plan  # noqa: E402
 from teraio.formats.report import load_report  # noqa: E402
 from teraio.formats.trace import live_bytes_per_kernel, load_trace  # noqa: E402
+from teraio_plan.simulator import simulate  # noqa: E402
 
 
 def measured_ms(report_path: Path) -> tuple[float, int]:
@@ -49,6 +52,12 @@ def run_plan(job: list[str], plan: Path, tmp: Path, ssd_args: list) -> dict:
             if load_plan(plan).header.inputs.calibration else {}, "report": str(report)}
 
 
+def replayed_ms(trace, plan_path: Path, calibrated_path: Path) -> float:
+    """The first plan replayed with the figures its own run measured: the model against the run
+    it learned from, apart from how well those figures carry to another plan."""
+    return simulate(trace, load_plan(plan_path), load_plan(calibrated_path).header.inputs).iteration_ms
+
+
 def measure(args) -> dict:
     job = [sys.executable, str(EXAMPLE), "--device", args.device, "--steps", str(args.steps), "--log-every", "0",
            *args.model_args]
@@ -65,6 +74,7 @@ def measure(args) -> dict:
         run_checked(teraio("plan", *plan_args, "-o", tmp / "guessed.json"), tmp)
         guessed = run_plan(job, tmp / "guessed.json", tmp, ssd_args)
         run_checked(teraio("plan", *plan_args, "--calibrate", guessed["report"], "-o", tmp / "calibrated.json"), tmp)
+        guessed["replayed_ms"] = round(replayed_ms(loaded, tmp / "guessed.json", tmp / "calibrated.json"), 1)
         calibrated = run_plan(job, tmp / "calibrated.json", tmp, ssd_args)
         if args.keep:  # for a look at the replay afterwards (trace, plans, reports)
             args.keep.mkdir(parents=True, exist_ok=True)
@@ -84,7 +94,10 @@ def print_table(result: dict, console: Console) -> None:
     for key in ("guessed", "calibrated"):
         r = result[key]
         table.add_row(key, f"{r['predicted_ms']:.0f}", f"{r['measured_ms']:.0f}", f"{r['error']:+.1%}",
-                      str(r["iterations_on_plan"]), ", ".join(f"{k} {v:g}" for k, v in r["measured"].items()))
+                      str(r["iterations_on_plan"]), ", ".join(f"{k} {v:.3g}" for k, v in r["measured"].items()))
+    r = result["guessed"]
+    table.add_row("guessed, replayed with what its run measured", f"{r['replayed_ms']:.0f}", f"{r['measured_ms']:.0f}",
+                  f"{r['replayed_ms'] / r['measured_ms'] - 1:+.1%}", "", "")
     console.print(table)
 
 
