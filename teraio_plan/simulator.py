@@ -23,7 +23,8 @@ kernels are longer than that the thread runs ahead and its time is hidden; a run
 kernels waits for it (the small-batch jobs of issue 16: 7,994 kernels, 173 ms plainly, ~1.2 s
 under a plan whose link time was ~0.3 s). A stall is a wait on the thread too: it issues
 nothing until the wait is over. With 0 (uncalibrated plans) kernels never wait for the host.
-On the CPU the thread runs each kernel itself: nothing runs ahead, host time adds up.
+On the CPU the thread runs each kernel itself: nothing runs ahead, host time adds up. Kernels
+take the trace's times PlannerInputs.kernel_time_scale (1 unless a CPU run calibrated it).
 """
 
 import bisect
