@@ -44,12 +44,12 @@ def measured_ms(report_path: Path) -> tuple[float, int]:
 def run_plan(job: list[str], plan: Path, tmp: Path, ssd_args: list) -> dict:
     report = plan.with_suffix(".report.json")
     run_checked(teraio("run", "--plan", plan, *ssd_args, "--report", report, "--", *job), tmp)
-    predicted = load_plan(plan).header.prediction.iteration_ms
+    header = load_plan(plan).header
+    predicted = header.prediction.iteration_ms
     measured, on_plan = measured_ms(report)
     return {"plan": plan.name, "predicted_ms": round(predicted, 1), "measured_ms": round(measured, 1),
             "error": round(predicted / measured - 1, 3) if measured else None, "iterations_on_plan": on_plan,
-            "measured": load_plan(plan).header.inputs.calibration.measured
-            if load_plan(plan).header.inputs.calibration else {}, "report": str(report)}
+            "measured": header.inputs.calibration.measured if header.inputs.calibration else {}, "report": str(report)}
 
 
 def replayed_ms(trace, plan_path: Path, calibrated_path: Path) -> float:

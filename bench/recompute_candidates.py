@@ -2,6 +2,7 @@
 
     python bench/recompute_candidates.py                       # the committed H200 traces
     python bench/recompute_candidates.py traces/h200-3b-fp32.msgpack --link-gbps 55
+    python bench/recompute_candidates.py trace.msgpack --plan plan.json     # what a finished plan leaves replayable
 
 For every activation of a trace: the op that made it (the kernel it was born at), that op's
 other tensors (its inputs: the tensors the kernel used that it did not make), and its first
@@ -28,6 +29,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from teraio.formats.plan import load_plan  # noqa: E402
 from teraio.formats.trace import Kind, Trace, load_trace  # noqa: E402
 
 TRACES = ["h200-1b-bf16.msgpack", "h200-3b-fp32.msgpack", "h200-3b-bf16.msgpack"]
@@ -77,6 +79,44 @@ def analyse(trace: Trace) -> dict[str, dict]:
     return dict(by_op)
 
 
+def against_plan(trace: Trace, plan) -> dict[str, int]:
+    """A plan's activation entries (not wrapping) by what a replay at the entry's next use
+    would meet: "replayable", or the first reason it cannot (an input dead by then, written
+    since the producer ran, or sent away by this same plan at that kernel)."""
+    used = inputs_of(trace)
+    index = {tensor_id: t for t, tensor_id in enumerate(trace.tensor_id)}
+    away = defaultdict(list)
+    for e in plan.entries:
+        away[e.tensor].append(e)
+    outcome: dict[str, int] = defaultdict(int)
+    for entry in plan.entries:
+        if entry.kind == "activation" and not entry.wraps:
+            t = index[entry.tensor]
+            outcome[_replay_blocker(trace, t, used.get(int(trace.born[t]), []), entry.needed_by, away)] += 1
+    return dict(outcome)
+
+
+def _replay_blocker(trace: Trace, t: int, inputs: list[int], next_use: int, away: dict) -> str:
+    born = int(trace.born[t])
+    if not replayable(trace, t, inputs, next_use):
+        return "op or an input dead by then"
+    for i in inputs:
+        lo, hi = trace.use_offsets[i], trace.use_offsets[i + 1]
+        written = trace.use_writes[lo:hi] if len(trace.use_writes) else np.ones(hi - lo, dtype=bool)
+        uses = trace.use_kernels[lo:hi]
+        if written[(uses > born) & (uses <= next_use)].any():
+            return "an input written since"
+        if any(_away_at(e, next_use) for e in away.get(trace.tensor_id[i], ())):
+            return "an input planned away then"
+    return "replayable"
+
+
+def _away_at(entry, k: int) -> bool:
+    if entry.wraps:
+        return k > entry.offload_after or k < entry.needed_by
+    return entry.offload_after < k < entry.needed_by
+
+
 def print_table(name: str, trace: Trace, by_op: dict, link_gbps: float, console: Console) -> None:
     table = Table(title=f"{name}: {trace.num_kernels} kernels, {sum(trace.duration_us) / 1e3:.0f} ms of kernels")
     for col in ("producer op", "activations", "GiB idle", "GiB replayable", "of which from globals alone",
@@ -99,11 +139,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("traces", nargs="*", type=Path, default=[ROOT / "traces" / name for name in TRACES])
     p.add_argument("--link-gbps", type=float, default=55.0, help="one direction of the device link, GB/s")
+    p.add_argument("--plan", type=Path, help="with one trace: its plan's activation entries, replayable at their "
+                                             "next use or what stops it")
     args = p.parse_args()
     console = Console()
     for path in args.traces:
         trace = load_trace(path)
         print_table(path.name, trace, analyse(trace), args.link_gbps, console)
+        if args.plan:
+            console.print(f"{args.plan.name}: activation entries by what a replay at their next use meets: "
+                          f"{against_plan(trace, load_plan(args.plan))}")
 
 
 if __name__ == "__main__":

@@ -51,3 +51,15 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
 def tier_label(entry) -> str:
     """A plan entry's tier as the commands show it: "host (clean)" when it leaves without a copy."""
     return f"{entry.tier} (clean)" if entry.clean else entry.tier
+
+
+MEASURED_UNITS = {"host_us_per_kernel": " us host time per kernel", "host_gbps": " GB/s host", "pcie_gbps": " GB/s link",
+                  "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write",
+                  "kernel_time_scale": "x the trace's kernel times"}
+
+
+def measured_figures(calibration: dict) -> str:
+    """A plan's calibration (PlannerInputs.calibration, dumped) in one line."""
+    figures = ", ".join(f"{value:.3g}{MEASURED_UNITS.get(name, ' ' + name)}"
+                        for name, value in calibration["measured"].items())
+    return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})"

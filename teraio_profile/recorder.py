@@ -415,8 +415,9 @@ class TraceRecorder(WalkListener):
     def kernel_time_scale(self, event_sum_ms: float) -> float:
         """Note [Kernel time under the profiler]: the walk starts the clock just before an
         op's call and stops it just after (OpWalk.op_clock), so the walk's and the recorder's
-        own bookkeeping is no part of a kernel's time (it was: on the CPU the example's
-        kernels added up to twice its plain step). An interval between two CUDA events still
+        own bookkeeping is no part of a kernel's time. (On the CPU the ops themselves still run
+        slower under the profiler than in a run, for reasons not found: `teraio plan
+        --calibrate` scales them, PlannerInputs.kernel_time_scale.) An interval between two CUDA events still
         holds the GPU's idle time while an op's call launches its kernels, which a plain run
         has too, and whatever else the GPU waited for inside the call. When a warm-up
         iteration (after iteration 0, which makes optimizer state) was timed and kernel times

@@ -10,7 +10,7 @@ from rich.table import Table
 from teraio.app.commands.options import json_flag
 from teraio.formats.common import PLAN_FORMAT, REPORT_FORMAT, TRACE_FORMAT, detect_format, read_raw
 from teraio.units import format_bytes, format_ms
-from teraio.views import tier_label
+from teraio.views import measured_figures, tier_label
 
 console = Console(highlight=False)
 
@@ -97,8 +97,7 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
               f"{format_ms(s['ideal_iteration_ms'])} ({s['share_of_ideal']:.1%}); "
               + ", ".join(f"{tier} {format_bytes(n)}" for tier, n in s["offload_bytes_by_tier"].items()))
     if s["calibration"]:
-        figures = ", ".join(f"{name} {value:.3g}" for name, value in s["calibration"]["measured"].items())
-        out.print(f"  calibrated from {s['calibration']['report']}: {figures or 'nothing (every figure was given)'}")
+        out.print(f"  calibrated: {measured_figures(s['calibration'])}")
     if plan.header.prediction.clean_bytes_per_iteration:
         out.print(f"  {format_bytes(plan.header.prediction.clean_bytes_per_iteration)} per iteration leave without "
                   "a copy (clean: the host pool holds a current one)")

@@ -14,6 +14,7 @@ from teraio.errors import UsageError
 from teraio.formats.plan import save_plan
 from teraio.formats.trace import Trace, load_trace
 from teraio.units import format_bytes, format_ms
+from teraio.views import measured_figures
 from teraio_plan import PlanOutcome, make_plan_outcome, planner_inputs, sweep
 from teraio_plan.calibrate import OPTION_OF, calibrated
 from teraio_plan.memory import min_required_bytes
@@ -157,7 +158,7 @@ def _print_summary(s: dict) -> None:
         ("host pool", format_bytes(s["host_pool_bytes"])),
     ]
     if s["calibration"]:
-        rows.append(("measured", _measured_line(s["calibration"])))
+        rows.append(("measured", measured_figures(s["calibration"])))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
@@ -173,14 +174,6 @@ def _fit_advice(s: dict) -> str:
         return (f"no plan fits below --gpu-mem {s['floor_bytes']} ({format_bytes(s['floor_bytes'])}: what no "
                 "entry can move); under this one teraio run keeps the cap by evicting on demand")
     return "add SSDs, a host pool (--host-mem) or a larger --gpu-mem"
-
-
-def _measured_line(calibration: dict) -> str:
-    units = {"host_us_per_kernel": " us host time per kernel", "host_gbps": " GB/s host",
-             "pcie_gbps": " GB/s link", "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write",
-             "kernel_time_scale": "x the trace's kernel times"}
-    figures = ", ".join(f"{value:.3g}{units[name]}" for name, value in calibration["measured"].items())
-    return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})"
 
 
 def _sweep_one(path: Path, trace: Trace, inputs, as_json: bool) -> dict:
