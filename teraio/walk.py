@@ -374,6 +374,11 @@ class OpWalk(TorchDispatchMode):
         # kernel clock): a kernel's time is the op's, not the bookkeeping around it.
         self.op_clock = None
         self.op_written: list[StorageRecord] | tuple = ()   # what the last op wrote in place (Note [Writes])
+        # the last op's arguments and output tensors, for after_op (the runtime keeps the call of an
+        # op it may replay: Note [Replay] in teraio_run/replay.py)
+        # (held only during after_op: a reference kept longer changes what autograd does, as in
+        # Note [Failed copies are values] in teraio_run/tiers.py)
+        self.last_call: tuple | None = None
         self.records: dict[int, StorageRecord] = {}
         self.created_bytes = 0   # bytes of every record made so far (a bound for the CPU budget check)
         self.owners = _Owners()
@@ -582,7 +587,9 @@ class OpWalk(TorchDispatchMode):
         out_tensors = tensors_in(out, [])
         known = {r.key for r in inputs}
         new = [r for r in self._records_of(out_tensors, func, None) if r.key not in known]
+        self.last_call = (args, kwargs, out_tensors)
         self.listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
+        self.last_call = None
         host_s = self.host_s
         host_s["ops"] += t2 - t1
         host_s["walk"] += perf_counter() - t2 + t1 - t0

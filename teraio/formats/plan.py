@@ -12,6 +12,10 @@ An entry is one idle period of one tensor:
 - needed_by: the next kernel that uses the tensor; it must be back before this one runs.
 When `wraps` is true the period crosses the iteration boundary: offload in iteration i,
 prefetch and use in iteration i+1 (so prefetch_at and needed_by are smaller numbers).
+An entry with tier `recompute` moves no bytes: the tensor's memory is released after
+offload_after (offload_by is the same kernel) and the op that made it, at kernel produced_at,
+runs again on the same inputs just before needed_by (prefetch_at is the same kernel), writing
+the same bytes into the same storage (Note [Replay] in teraio_run/replay.py).
 """
 
 import json
@@ -109,7 +113,7 @@ class PlanEntry(Strict):
     name: str
     kind: str
     nbytes: int = Field(gt=0)
-    tier: Literal["ssd", "host"]
+    tier: Literal["ssd", "host", "recompute"]
     offload_after: int = Field(ge=0)
     offload_by: int = Field(ge=0)
     prefetch_at: int = Field(ge=0)
@@ -118,9 +122,22 @@ class PlanEntry(Strict):
     reason: str
     clean: bool = Field(False, description="leaves without a copy: the host pool still holds a current one "
                         "(teraio_plan/clean.py, Note [Clean entries])")
+    produced_at: int | None = Field(None, ge=0, description="tier recompute only: the kernel that made the "
+                                    "tensor, run again before needed_by")
 
 
 KERNEL_FIELDS = ("offload_after", "offload_by", "prefetch_at", "needed_by")
+
+
+def _check_recompute(i: int, entry: PlanEntry) -> None:
+    """A recompute entry names the op to replay, made before the period within one iteration."""
+    if (entry.tier == "recompute") != (entry.produced_at is not None):
+        raise PydanticCustomError("recompute_fields", "entry {i} ({tensor}): produced_at is given exactly for "
+                                  "tier recompute", {"i": i, "tensor": entry.tensor})
+    if entry.tier == "recompute" and (entry.wraps or entry.clean or entry.produced_at > entry.offload_after):
+        raise PydanticCustomError("recompute_period", "entry {i} ({tensor}): a recompute entry is made at or "
+                                  "before offload_after, does not wrap and is not clean",
+                                  {"i": i, "tensor": entry.tensor})
 
 
 class Plan(Strict):
@@ -136,6 +153,7 @@ class Plan(Strict):
             return entries  # the header's own error is reported
         num_kernels = header.trace.num_kernels
         for i, entry in enumerate(entries):
+            _check_recompute(i, entry)
             for name in KERNEL_FIELDS:
                 if getattr(entry, name) >= num_kernels:
                     raise PydanticCustomError(
