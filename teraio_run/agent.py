@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind, signature_digest
-from teraio.walk import OpWalk, WalkListener, op_structure
+from teraio.walk import OpWalk, WalkListener, op_structure, written_arguments
 from teraio_run.budget import BudgetKeeper
 from teraio_run.engine import MigrationEngine
 from teraio_run.metrics import IterationLog
@@ -66,6 +66,10 @@ class RunAgent(WalkListener):
         # the GPU capped and holding the copy streams (the bootstrap picked it from LOCAL_RANK)
         self.device_index = torch.cuda.current_device() if self.cuda else None
         self.offloads_after, self.prefetches_at = _index_actions(plan)
+        # Note [Replay] in teraio_run/replay.py: the calls to keep, by the kernel that makes them;
+        # without clean copies the walk may miss writes, and replays move to the host pool
+        self.replay = engine.tiers["recompute"] if engine.keep_clean else None
+        self.replays_made_at = _index_replays(plan) if self.replay is not None else {}
         self.num_kernels = plan.header.trace.num_kernels
         self.following = False
         self.expected: list[int] | None = None   # the trace's signature per kernel, once learned
@@ -85,9 +89,17 @@ class RunAgent(WalkListener):
 
     # ----- per op ---------------------------------------------------------------------------
     def before_op(self, k, func, inputs):
-        self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
-        if self.following:
+        if self.replay is not None and self.replay.dependents and written_arguments(func):
+            self._replay_before_write(inputs)
+        if self.following:  # first: a replay planned for this kernel is no late prefetch
             self._start_prefetches(k)
+        self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
+
+    def _replay_before_write(self, inputs) -> None:
+        """An op that writes in place may write an input of a released storage: replay those
+        first (Note [Replay]); all its inputs count, the written ones are a subset."""
+        for record in self.replay.released_depending_on([r.key for r in inputs]):
+            self.keeper.restore_inputs([record], "replay_before_write")
 
     def _start_prefetches(self, k: int) -> None:
         for entry in self.prefetches_at.get(k, ()):
@@ -108,14 +120,31 @@ class RunAgent(WalkListener):
             self.by_id[record.id] = record
         if self.following and (k >= self.num_kernels or signature != self.expected[k]):
             self._pause(k, func)
+        if self.following and k in self.replays_made_at:
+            self._capture(func, inputs, new, self.replays_made_at[k])
         if self.following and not self.keeper.holds:
             for entry in self.offloads_after.get(k, ()):
                 record = self.by_id.get(entry.tensor)
                 if record is None:
                     self.log.counts["plan_ids_missing"] += 1
-                elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, entry.tier):
+                elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, self._tier(entry, record)):
                     self.log.counts["planned_offloads"] += 1
         self.keeper.after_op(inputs, new)
+
+    def _capture(self, func, inputs, new, tensor_ids) -> None:
+        """Keep the call of an op whose output the plan replays later (Note [Replay])."""
+        args, kwargs, out_tensors = self.walk.last_call
+        for record in new:
+            if record.id in tensor_ids:
+                self.replay.capture(record, func, args, kwargs, out_tensors, inputs)
+
+    def _tier(self, entry, record) -> str:
+        """The entry's tier; the host pool for a replay that cannot make the same bytes any more
+        (an input written since, no call captured) or when replays are off."""
+        if entry.tier != "recompute" or (self.replay is not None and self.replay.ready(record)):
+            return entry.tier
+        self.log.counts["replay_fallbacks"] += 1
+        return "host"
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
         return self.keeper.relieve_memory(inputs, attempt)
@@ -135,6 +164,8 @@ class RunAgent(WalkListener):
         # Note [When the plan is followed]: every iteration starts on the plan once it is known
         self.following = self.expected is not None
         self.paused_at = -1
+        if self.replay is not None:
+            self.replay.drop_pending()
         with _disable_current_modes():
             self._tidy()
             if self.following and not completed:
@@ -216,6 +247,15 @@ class RunAgent(WalkListener):
 
     def pin_for_raw_read(self, tensor) -> None:
         self.keeper.pin_for_raw_read(tensor)
+
+
+def _index_replays(plan: Plan) -> dict[int, set[str]]:
+    """Tensor ids of recompute entries by the kernel that makes them."""
+    made_at: dict[int, set[str]] = {}
+    for entry in plan.entries:
+        if entry.tier == "recompute":
+            made_at.setdefault(entry.produced_at, set()).add(entry.tensor)
+    return made_at
 
 
 def _index_actions(plan: Plan):

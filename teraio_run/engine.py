@@ -53,6 +53,9 @@ from teraio_run.tiers import CopyFailed, Tier, Transfer
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
 LOST = "lost"
 MOVABLE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
+TIER_NAMES = ("host", "ssd", "recompute")
+# where an offload planned for a tier goes, in order, when that tier has no room
+PLACEMENT = {"host": ("host", "ssd"), "ssd": ("ssd", "host"), "recompute": ("recompute",)}
 
 
 @dataclass
@@ -83,9 +86,9 @@ class Kept:
 
 @dataclass
 class Stats:
-    offloaded_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})   # device bytes released
-    written_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})     # copied into the tier
-    prefetched_bytes: dict = field(default_factory=lambda: {"host": 0, "ssd": 0})
+    offloaded_bytes: dict = field(default_factory=lambda: dict.fromkeys(TIER_NAMES, 0))   # device bytes released
+    written_bytes: dict = field(default_factory=lambda: dict.fromkeys(TIER_NAMES, 0))     # copied into the tier
+    prefetched_bytes: dict = field(default_factory=lambda: dict.fromkeys(TIER_NAMES, 0))  # brought back (replayed)
     stall_count: int = 0
     stall_ms: dict = field(default_factory=dict)       # cause -> ms
     stalls_by_tensor: dict = field(default_factory=dict)
@@ -119,11 +122,13 @@ class PathMeter:
         self._busy_until = dict.fromkeys(self.nbytes, 0.0)
 
     def add(self, transfer: Transfer) -> None:
+        path = transfer.path
+        if path not in self.nbytes:
+            return  # a replay (teraio_run/replay.py): no link carried it
         interval = transfer.interval_s()
         if interval is None:
             return  # failed: nothing was moved
         start, end = interval
-        path = transfer.path
         self.nbytes[path] += transfer.nbytes
         if transfer.event is not None:
             self.busy_s[path] += end - start
@@ -137,8 +142,9 @@ class PathMeter:
 
 
 class MigrationEngine:
-    def __init__(self, host_tier: Tier | None, ssd_tier: Tier | None, cuda: bool, keep_clean: bool = True):
-        self.tiers = {"host": host_tier, "ssd": ssd_tier}
+    def __init__(self, host_tier: Tier | None, ssd_tier: Tier | None, cuda: bool, keep_clean: bool = True,
+                 replay_tier: Tier | None = None):
+        self.tiers = {"host": host_tier, "ssd": ssd_tier, "recompute": replay_tier}
         self.cuda = cuda
         self.keep_clean = keep_clean
         self.kept: dict[int, Kept] = {}     # storage key -> its tier copy, oldest first (Note [Clean copies])
@@ -171,7 +177,7 @@ class MigrationEngine:
                 self.stats.deadline_misses += 1  # started, but not back by the kernel that needs it
             if moved.state == OFFLOADED:
                 self._start_prefetch(record, moved)
-                cause = "not_prefetched"
+                cause = cause if cause.startswith("replay") else "not_prefetched"
             self._finish_prefetch(record, moved)
         waited = time.perf_counter() - t0
         self.stats.stall(cause, record.id, waited)
@@ -208,7 +214,7 @@ class MigrationEngine:
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         moved.transfer = self._track(tier.copy_out(storage, slot))
         moved.writes = record.writes
-        self.stats.written_bytes[tier.name] += moved.nbytes
+        self.stats.written_bytes[tier.name] += moved.transfer.nbytes   # none for a replay
         self.moved[record.key] = moved
         self._watch(record.key, moved, storage)
         if tier.frees_at_once:
@@ -277,9 +283,7 @@ class MigrationEngine:
 
     def _place(self, tier_name: str, nbytes: int):
         """(tier, slot): the planned tier, or the other one when it has no room."""
-        host, ssd = self.tiers["host"], self.tiers["ssd"]
-        order = (host, ssd) if tier_name == "host" else (ssd, host)
-        for tier in order:
+        for tier in (self.tiers[name] for name in PLACEMENT[tier_name]):
             if tier is None:
                 continue
             slot = self._alloc(tier, nbytes)
@@ -341,13 +345,20 @@ class MigrationEngine:
             self._start_prefetch(record, moved)
 
     def _start_prefetch(self, record, moved: Moved) -> None:
+        for needed in moved.tier.needs(moved.slot):  # a replay's inputs (Note [Replay] in teraio_run/replay.py)
+            self.ensure_resident(needed, "replay_input")
         storage = record.storage()
         assert storage is not None, "an offloaded storage that is still referenced must be alive"
         storage.resize_(moved.nbytes)
+        try:
+            transfer = moved.tier.copy_in(storage, moved.slot, moved.transfer)
+        except torch.OutOfMemoryError:  # a replay's own output found no room: still out, as before
+            storage.resize_(0)
+            raise
         self.offloaded_now -= moved.nbytes
         self.restored_bytes += moved.nbytes
         moved.storage = storage
-        moved.transfer = self._track(moved.tier.copy_in(storage, moved.slot, moved.transfer))
+        moved.transfer = self._track(transfer)
         moved.state = PREFETCHING
 
     def _finish_prefetch(self, record, moved: Moved) -> None:

@@ -14,7 +14,7 @@ class IterationLog:
         self.keeper = keeper
         self.iteration_s: list[float] = []
         self.rows: list[dict] = []
-        self.counts = {"planned_offloads": 0, "plan_ids_missing": 0}  # this iteration's
+        self.counts = {"planned_offloads": 0, "plan_ids_missing": 0, "replay_fallbacks": 0}  # this iteration's
         self._t_iter = time.perf_counter()
         self._last_totals: dict = {}
 
@@ -39,7 +39,12 @@ class IterationLog:
                 "offloaded_bytes": sum(stats.offloaded_bytes.values()),
                 "other_tier_bytes": stats.other_tier_bytes,
                 "copy_busy_ms": sum(engine.meter.busy_s.values()) * 1e3,
-                "walk_ms": host_s["walk"] * 1e3, "op_launch_ms": host_s["ops"] * 1e3}
+                "walk_ms": host_s["walk"] * 1e3, "op_launch_ms": host_s["ops"] * 1e3,
+                "replay_ms": self._replay_s() * 1e3}
+
+    def _replay_s(self) -> float:
+        replay = self.engine.tiers["recompute"]
+        return 0.0 if replay is None else replay.replay_s
 
     def _host_pool_peak(self) -> int:
         """The most the host pool held during this iteration (then the count starts over)."""

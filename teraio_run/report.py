@@ -57,7 +57,8 @@ def build_report(agent, context) -> RunReport:
         measured_iteration_ms=round(float(measured), 3),
         kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,
         per_iteration=[{**row, **{key: round(row[key], 3)
-                                  for key in ("ms", "stall_ms", "walk_ms", "op_launch_ms", "copy_busy_ms")}}
+                                  for key in ("ms", "stall_ms", "walk_ms", "op_launch_ms", "copy_busy_ms",
+                                                              "replay_ms")}}
                        for row in agent.log.rows],
     )
 

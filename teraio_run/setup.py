@@ -17,6 +17,7 @@ from teraio.units import format_bytes
 from teraio_run.agent import RunAgent
 from teraio_run.engine import MigrationEngine
 from teraio_run.layout import DEFAULT_SWAP_DIR
+from teraio_run.replay import ReplayTier
 from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
 
 IO_THREADS = 8
@@ -87,7 +88,7 @@ def build_engine(settings: Settings, pool_bytes: int, cuda: bool) -> tuple[Migra
     pool = HostPool(pool_bytes, pin=cuda)
     pool_pin_s = time.perf_counter() - t0
     engine = MigrationEngine(HostTier(pool, cuda, threads), SsdTier(run_dirs, files, cuda, threads), cuda,
-                             keep_clean=settings.clean_copies)
+                             keep_clean=settings.clean_copies, replay_tier=ReplayTier("cuda" if cuda else "cpu"))
     return engine, RunContext(settings, None, run_dirs, files.name, threads, pool.capacity, pool_pin_s)
 
 

@@ -271,7 +271,8 @@ class HostPool(PoolSlots):
 
 
 class Tier(Protocol):
-    """Where a storage's bytes can go; the host pool and the swap files both are one.
+    """Where a storage's bytes can go; the host pool, the swap files and the replay of the op
+    that made it (teraio_run/replay.py) each are one.
 
     A slot is the tier's handle for one storage's bytes: `alloc` gives one (None when the
     tier has no room), `copy_out` and `copy_in` move a storage's bytes into and out of it
@@ -288,6 +289,9 @@ class Tier(Protocol):
     def copy_out(self, storage, slot: int) -> Transfer: ...
 
     def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer: ...
+
+    def needs(self, slot: int) -> list:
+        """Storages (walk records) that must be resident before copy_in: a replay's inputs."""
 
     def release(self, slot: int, nbytes: int) -> None: ...
 
@@ -307,6 +311,9 @@ class HostTier:
 
     def alloc(self, nbytes: int) -> int | None:
         return self.pool.alloc(nbytes)
+
+    def needs(self, slot: int) -> list:
+        return []
 
     def release(self, slot: int, nbytes: int) -> None:
         self.pool.release(slot, nbytes)
@@ -432,6 +439,9 @@ class SsdTier:
 
     def wait_device_frees(self) -> None:
         """Its copies finish before device memory is released: nothing to wait for."""
+
+    def needs(self, slot: int) -> list:
+        return []
 
     def _place_chunks(self, slot: int, nbytes: int) -> list:
         open_dirs = [d for d in self.run_dirs if d not in self.closed] or self.run_dirs

@@ -73,3 +73,36 @@ def assert_mostly_on_plan_within_budget(report, budget: int) -> None:
     assert on_plan >= 0.75 * len(after_warmup), report.pause_reason or report.guard_reason
     assert report.peak_device_bytes <= report.budget_bytes == budget
     assert sum(report.offloaded_bytes.values()) > 0
+
+
+RANDOM_WORDS = ("dropout", "bernoulli", "rand", "normal", "uniform", "multinomial")
+
+
+def as_recompute_plan(trace: Trace, plan: Plan) -> Plan:
+    """The plan with every activation entry that one replay of its producer could serve made a
+    recompute entry (teraio_run/replay.py, Note [Replay]): its producer draws no random numbers
+    and writes nothing in place, and no input is written between the producer and the use. The
+    runtime itself checks writes and falls back to the host pool; this only picks what to try."""
+    index = {tensor_id: t for t, tensor_id in enumerate(trace.tensor_id)}
+    used_at: dict[int, list[int]] = {}
+    for t in range(trace.num_tensors):
+        for k in trace.uses(t):
+            used_at.setdefault(int(k), []).append(t)
+    entries = []
+    for entry in plan.entries:
+        t = index[entry.tensor]
+        born = int(trace.born[t])
+        op = trace.op_name(born) if born >= 0 else ""
+        if (entry.kind == "activation" and not entry.wraps and born >= 0 and not op.endswith("_")
+                and not any(word in op for word in RANDOM_WORDS)
+                and not any(_written_between(trace, i, born, entry.needed_by) for i in used_at[born])):
+            entry = entry.model_copy(update={"tier": "recompute", "produced_at": born, "clean": False,
+                                             "offload_by": entry.offload_after, "prefetch_at": entry.needed_by})
+        entries.append(entry)
+    return plan.model_copy(update={"entries": entries})
+
+
+def _written_between(trace: Trace, t: int, after: int, until: int) -> bool:
+    lo, hi = trace.use_offsets[t], trace.use_offsets[t + 1]
+    uses = trace.use_kernels[lo:hi]
+    return bool(trace.use_writes[lo:hi][(uses >= after) & (uses <= until)].any())

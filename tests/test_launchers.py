@@ -6,6 +6,7 @@ process), a shell script that asks torch for its version before training, a comp
 """
 
 import re
+import subprocess
 import textwrap
 
 import pytest
@@ -128,3 +129,30 @@ def test_launchers_are_known_by_name(argv0, launcher):
     from teraio.app.bootstrap import is_launcher_process
 
     assert is_launcher_process(argv0) is launcher
+
+
+NO_MODULE_SCRIPT = textwrap.dedent("""
+    import torch
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    opt = torch.optim.SGD([w], lr=0.1)
+    for step in range(8):
+        loss = (torch.randn(32, 64) @ w).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"loss {loss.item():.10f}")
+""")
+
+
+def test_a_loop_without_modules_trains_under_teraio_as_without(tmp_path):
+    """The start's trigger steps aside at the first optimizer step when no module call came
+    before: removing its hook there failed the step ("OrderedDict mutated during iteration")."""
+    script = tmp_path / "no_module.py"
+    script.write_text(NO_MODULE_SCRIPT)
+    plain = ok(subprocess.run([PYTHON, script], capture_output=True, text=True, cwd=tmp_path)).stdout
+    profiled = ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, script, cwd=tmp_path)).stdout
+    seen = [line for line in profiled.splitlines() if line.startswith("loss")]  # it stops once profiled
+    assert len(seen) >= 4 and seen == plain.splitlines()[:len(seen)]
+    assert load_trace(tmp_path / "t.msgpack").header.num_kernels > 0

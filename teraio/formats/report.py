@@ -49,6 +49,10 @@ class IterationRow(Strict):
                                      "they cannot pass the budget or the run's peak so far)")
     paused_at_kernel: int = Field(-1, description="the kernel where an op unlike the trace's paused the plan "
                                   "for the rest of the iteration (-1: not paused)")
+    replay_fallbacks: int = Field(0, description="recompute entries moved to the host pool instead: the op's call "
+                                  "was not captured, or it or an input was written since (teraio_run/replay.py)")
+    replay_ms: float = Field(0.0, description="host time replaying ops for recompute entries (on a GPU: launching "
+                             "them; on the CPU: running them)")
 
 
 class RunReport(Strict):
@@ -74,7 +78,10 @@ class RunReport(Strict):
                                                 "memory_short (waiting for copy-outs, or evicting, over the budget), "
                                                 "out_of_memory (relief after an allocation failed), pool_full (a "
                                                 "copy-out waited for a copy-in to free host pool room), raw_read and "
-                                                "restore_all (everything brought back for a read outside ATen)")
+                                                "restore_all (everything brought back for a read outside ATen), "
+                                                "replay_input (an input of a replay brought back first), "
+                                                "replay_before_write (a replay run early: an op was about to "
+                                                "write one of its inputs)")
     top_stalled_tensors: dict[str, float]
     deadline_misses: int
     cancelled_offloads: int

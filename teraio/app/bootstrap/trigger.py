@@ -88,12 +88,15 @@ class StartOnFirstOp(TorchDispatchMode):
             self.running_modules.pop()
 
     def _optimizer_enter(self, optimizer, args, kwargs) -> None:
-        if not self.pending and threading.get_ident() == self.thread:
+        if not self.pending and self._handles and threading.get_ident() == self.thread:
             self.retire()
 
     def retire(self) -> None:
-        """Leave the mode stack and remove the hooks: after the start the trigger costs nothing."""
-        for handle in self._handles:
+        """Leave the mode stack and remove the module hooks: after the start the trigger costs
+        nothing. The optimizer pre-hook stays, doing nothing: torch calls those hooks while
+        iterating over their dict, and one removing itself there (a script whose first step
+        comes before any module call) fails the step with "OrderedDict mutated during iteration"."""
+        for handle in self._handles[:2]:
             handle.remove()
         self._handles = []
         self.running_modules = []

@@ -1,0 +1,160 @@
+"""Recomputation: a tier whose slots hold the op that made a storage instead of its bytes.
+
+Note [Replay]
+A plan entry with tier `recompute` (teraio_plan/recompute.py chose it) says: this activation
+was made by the op at kernel `produced_at`; after `offload_after` let its memory go without
+copying it anywhere, and before `needed_by` run that op again on the same inputs. The same
+ATen op on the same input bytes and shapes runs the same kernels and writes the same bytes
+(the planner leaves out ops that draw random numbers, write in place or are known to differ
+from run to run on a GPU), so training stays exact; the twin-run tests are the check.
+- Capture: when the producing op runs while the plan is followed, the agent hands its call
+  (the ATen overload, its arguments and which output is the storage) to `capture`. The
+  arguments hold the input tensors alive, which the planner required anyway (every input
+  alive at needed_by); after a replay the call is kept for the storage's next idle period in
+  the iteration; a capture whose release never comes (the plan paused) is dropped at the
+  iteration end.
+- Release (`copy_out`): only while neither the storage nor any input has been written since
+  the capture (the walk's write counts, Note [Writes] in teraio/walk.py); otherwise the agent
+  moves it to the host pool instead (`ready`), counted as a replay fallback.
+- Replay (`copy_in`): the engine first makes the inputs resident (`needs`: one of them may
+  itself be out, or replayed: chains work the same way), re-allocates the storage, and the
+  op runs outside the walk, without autograd or autocast (the captured overload is already
+  what autocast chose), on the compute stream; its output's bytes are copied into the
+  original storage, so views and tensors saved for backward see them, as after a copy-in.
+  The fresh output is freed right after: the replay holds the tensor's bytes twice for a
+  moment (the planner's headroom covers it).
+- Writes while released: an op that is about to write an input of a released storage would
+  make its replay wrong, so the agent replays every storage that depends on that input first
+  (`dependents`); a write the walk cannot see (a C++ extension given a raw pointer) is the
+  case `teraio run --no-clean-copies` exists for, and under it recompute entries move to the
+  host pool. A replay that finds an input written anyway raises ReplayMismatch rather than
+  train on wrong bytes.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from teraio.errors import TeraioError
+from teraio.walk import tensors_in
+from teraio_run.tiers import Transfer
+
+REPLAY_PATH = "replay"   # a Transfer's path no link meter counts
+
+
+class ReplayMismatch(TeraioError):
+    """A replay would not make the bytes it replaces (Note [Replay]): training cannot go on exactly."""
+
+
+@dataclass
+class Call:
+    """One captured op call that can make a storage again."""
+
+    record: object          # the walk's record of the storage it made
+    func: object            # the ATen overload
+    args: tuple
+    kwargs: dict
+    out_index: int          # which of the op's output tensors (tensors_in order) is the storage
+    writes: int             # the storage's write count at the capture
+    inputs: list            # [(record, write count at the capture)] of its input storages
+
+    def unwritten(self) -> bool:
+        return self.record.writes == self.writes and all(r.writes == w for r, w in self.inputs)
+
+
+class ReplayTier:
+    """Tier `recompute` (the Tier protocol in teraio_run/tiers.py): nothing is copied out, the
+    copy in is the replay."""
+
+    name = "recompute"
+    frees_at_once = True    # no copy reads the device memory: it may go at once
+    keeps_copies = False
+
+    def __init__(self, device_type: str):
+        self.device_type = device_type
+        self.pending: dict[int, Call] = {}     # storage key -> call captured, not released yet
+        self.slots: dict[int, Call] = {}       # slot -> call of a released storage
+        self._slot_of_key: dict[int, int] = {}
+        self.dependents: dict[int, set[int]] = {}   # input storage key -> keys of released storages
+        self._next_slot = 0
+        self.replayed_bytes = 0
+        self.replay_s = 0.0
+        self.fallbacks = 0                     # recompute entries moved to the host pool instead
+
+    # ----- capture, by the agent -----------------------------------------------------------
+    def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list) -> None:
+        out_index = next((i for i, t in enumerate(out_tensors) if t.untyped_storage()._cdata == record.key), None)
+        if out_index is None:
+            return  # a wrapper subclass's inner storage: not replayable as one output
+        inputs = [(r, r.writes) for r in input_records if r.key != record.key]
+        self.pending[record.key] = Call(record, func, args, kwargs, out_index, record.writes, inputs)
+
+    def ready(self, record) -> bool:
+        """Whether a captured call can still make this storage's bytes (Note [Replay])."""
+        call = self.pending.get(record.key)
+        return call is not None and call.record is record and call.unwritten()
+
+    def drop_pending(self) -> None:
+        """The iteration ended: captures never released let their inputs go."""
+        self.pending.clear()
+
+    def released_depending_on(self, input_keys) -> list:
+        """Records of released storages whose replay reads one of these storages."""
+        return [self.slots[self._slot_of_key[key]].record
+                for input_key in input_keys for key in self.dependents.get(input_key, ())]
+
+    # ----- the Tier protocol ---------------------------------------------------------------
+    def alloc(self, nbytes: int) -> int:
+        self._next_slot += 1
+        return self._next_slot
+
+    def copy_out(self, storage, slot: int) -> Transfer:
+        key = storage._cdata
+        call = self.pending.pop(key)
+        self.slots[slot] = call
+        self._slot_of_key[key] = slot
+        for record, _ in call.inputs:
+            self.dependents.setdefault(record.key, set()).add(key)
+        now = time.perf_counter()
+        return Transfer(REPLAY_PATH, 0, interval=(now, now))
+
+    def needs(self, slot: int) -> list:
+        """Records that must be resident before copy_in: the replay's inputs."""
+        return [record for record, _ in self.slots[slot].inputs]
+
+    def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer:
+        call = self.slots[slot]
+        if not call.unwritten():
+            raise ReplayMismatch(f"an input of {call.record.id} was written while it was released: its replay "
+                                 "would differ; run with --no-clean-copies if the job writes tensors outside ATen ops")
+        t0 = time.perf_counter()
+        with _disable_current_modes(), torch.no_grad(), torch.autocast(self.device_type, enabled=False):
+            made = tensors_in(call.func(*call.args, **call.kwargs), [])[call.out_index].untyped_storage()
+        if made.nbytes() != storage.nbytes():
+            raise ReplayMismatch(f"replaying {call.func} made {made.nbytes()} bytes for {call.record.id}, "
+                                 f"which has {storage.nbytes()}")
+        storage.copy_(made)
+        del made
+        self.pending[call.record.key] = call   # its next idle period may replay it again
+        t1 = time.perf_counter()
+        self.replayed_bytes += storage.nbytes()
+        self.replay_s += t1 - t0
+        return Transfer(REPLAY_PATH, storage.nbytes(), interval=(t0, t1))
+
+    def release(self, slot: int, nbytes: int) -> None:
+        call = self.slots.pop(slot, None)
+        if call is None:
+            return
+        key = call.record.key
+        self._slot_of_key.pop(key, None)
+        for record, _ in call.inputs:
+            keys = self.dependents.get(record.key)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.dependents[record.key]
+
+    def wait_device_frees(self) -> None:
+        """Nothing copies out of device memory: nothing to wait for."""
