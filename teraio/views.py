@@ -49,7 +49,10 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
 
 
 def tier_label(entry) -> str:
-    """A plan entry's tier as the commands show it: "host (clean)" when it leaves without a copy."""
+    """A plan entry's tier as the commands show it: "host (clean)" when it leaves without a copy,
+    "recompute (kernel 812)" naming the kernel whose op is replayed."""
+    if entry.tier == "recompute":
+        return f"recompute (kernel {entry.produced_at})"
     return f"{entry.tier} (clean)" if entry.clean else entry.tier
 
 

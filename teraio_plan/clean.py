@@ -75,7 +75,8 @@ def _candidates(trace: Trace, index: dict, entries: list[PlanEntry], num_k: int)
             if before is None:
                 continue
             previous = entries[before]
-            if previous.tier == "host" and not _written_between(uses, writes, previous.offload_after,
+            # A recompute entry moves nothing, and one after it finds no current copy in the pool.
+            if previous.tier == "host" and entries[j].tier != "recompute" and not _written_between(uses, writes, previous.offload_after,
                                                                entries[j].offload_after, before == j):
                 yield j, _held_kernels(previous, entries[j], num_k)
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from teraio.formats.plan import Plan, PlanEntry
 
 # Timing and tier fields a reviewer cares about when the same idle period is planned again.
-COMPARED_FIELDS = ("tier", "nbytes", "offload_by", "prefetch_at", "needed_by", "wraps", "clean")
+COMPARED_FIELDS = ("tier", "nbytes", "offload_by", "prefetch_at", "needed_by", "wraps", "clean", "produced_at")
 
 
 def entry_key(entry: PlanEntry) -> tuple[str, int]:

@@ -6,11 +6,12 @@ from dataclasses import dataclass, replace
 from teraio import __version__
 from teraio.errors import PlanError, UsageError
 from teraio.formats.common import Producer
-from teraio.formats.plan import Plan, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
+from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
 from teraio.formats.trace import Trace
 from teraio.units import format_bytes
+from teraio_plan import recompute
 from teraio_plan.clean import mark_clean
-from teraio_plan.memory import kernel_need_bytes
+from teraio_plan.memory import kernel_need_bytes, memory_curve
 from teraio_plan.fill import fill_with_stalls
 from teraio_plan.fit import fit_budget
 from teraio_plan.planner import PlannerResult, plan_entries
@@ -39,7 +40,7 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
                    ssd_write_gbps: float = DEFAULT_SSD_WRITE_GBPS, host_mem_bytes: int = 0,
                    host_gbps: float = DEFAULT_HOST_GBPS, pcie_gbps: float = DEFAULT_PCIE_GBPS,
                    headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US,
-                   allow_stalls: bool = True, clean_copies: bool = True) -> PlannerInputs:
+                   allow_stalls: bool = True, clean_copies: bool = True, recompute: bool = True) -> PlannerInputs:
     """PlannerInputs from user options, with every mistake a UsageError that says what to do."""
     budget = _budget(trace, gpu_mem_bytes)
     _check_counts(num_ssds, host_mem_bytes, headroom_bytes, latency_us)
@@ -51,7 +52,7 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
         budget_bytes=budget, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
         ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem_bytes, host_gbps=host_gbps,
         pcie_gbps=pcie_gbps, headroom_bytes=headroom_bytes, latency_us=latency_us,
-        allow_stalls=allow_stalls, clean_copies=clean_copies,
+        allow_stalls=allow_stalls, clean_copies=clean_copies, recompute=recompute,
     )
 
 
@@ -91,6 +92,26 @@ def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
 
 def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
                       progress: Callable[[float], None] | None = None) -> PlanOutcome:
+    """The best of a few plans (Note [Choosing recomputation] in recompute.py): moves only, and
+    moves around each set of replays the candidates' ranking gives; fastest wins, ties go to
+    fewer replays."""
+    check_budget(trace, inputs)
+    best = None
+    for chosen in recompute.candidate_sets(recompute.find_candidates(trace, inputs)):
+        outcome = _plan_tiers(trace, inputs, chosen, progress if best is None else None)
+        if best is None or _family_rank(outcome) < _family_rank(best):
+            best = outcome
+    return best
+
+
+def _family_rank(outcome: PlanOutcome) -> tuple:
+    p = outcome.plan.header.prediction
+    replays = sum(1 for e in outcome.plan.entries if e.tier == "recompute")
+    return (not p.fits, p.max_excess_bytes, round(p.iteration_ms, 3), replays)
+
+
+def _plan_tiers(trace: Trace, inputs: PlannerInputs, chosen: list[recompute.Candidate],
+                progress: Callable[[float], None] | None = None) -> PlanOutcome:
     """Note [One tier when two do not fit]: the greedy planner is myopic about the SSD: a
     tensor it sends there comes back so slowly that its prefetch holds memory for long, and
     the plan can end up further over budget than a one-tier plan (the 3B trace at 1/4 of
@@ -98,41 +119,51 @@ def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
     3.5 GiB with the disk alone). So when a two-tier plan misses the budget, or makes it only through the
     fit pass (Note [Fitting at any cost]), each tier alone is planned too and the best plan kept: one that
     fits, else the smaller excess, then the faster."""
-    check_budget(trace, inputs)
-    outcome = _plan_with(trace, inputs, inputs, progress)
+    outcome = _plan_with(trace, inputs, inputs, progress, chosen)
     # A plan that fits only thanks to the fit pass may still be beaten by one tier alone.
     fits_freely = outcome.plan.header.prediction.fits and outcome.planner.planned_stall_us == 0
     if fits_freely or not (inputs.num_ssds and inputs.host_mem_bytes):
         return outcome
     for one_tier in (inputs.model_copy(update={"num_ssds": 0}), inputs.model_copy(update={"host_mem_bytes": 0})):
-        candidate = _plan_with(trace, one_tier, inputs)
+        candidate = _plan_with(trace, one_tier, inputs, chosen=chosen)
         if _rank(candidate) < _rank(outcome):
             outcome = candidate
     return outcome
 
 
 def _plan_with(trace: Trace, planning: PlannerInputs, stated: PlannerInputs,
-               progress: Callable[[float], None] | None = None) -> PlanOutcome:
-    """Plan with `planning`'s tiers; the plan states the user's inputs (`stated`)."""
-    result = plan_entries(trace, planning, progress)
+               progress: Callable[[float], None] | None = None,
+               chosen: list[recompute.Candidate] = ()) -> PlanOutcome:
+    """Plan with `planning`'s tiers around the `chosen` replays; the plan states the user's
+    inputs (`stated`). The moves are planned on the trace as the replays leave it
+    (recompute.with_replays: inputs used at each replay, nothing live over a replayed gap)."""
+    moves_trace = recompute.with_replays(trace, list(chosen))
+    replays = recompute.entries(trace, list(chosen))
+    result = plan_entries(moves_trace, planning, progress)
     if planning.allow_stalls:
-        result = fill_with_stalls(trace, planning, result)
-    result = _with_clean_entries(trace, planning, result)
+        result = fill_with_stalls(moves_trace, planning, result)
+    result = _with_clean_entries(trace, planning, result, replays)
     sim = simulate(trace, assemble_plan(trace, stated, result, None))
     if planning.allow_stalls and sim.max_excess_bytes > 0:
         # Only where the replay is over: stalls can make it fit where the claim does not. Kept
         # when it gets closer (it cannot always fit: a host pool alone may be too small).
-        fitted = _with_clean_entries(trace, planning, fit_budget(trace, planning, result))
+        moves = replace(result, entries=[e for e in result.entries if e.tier != "recompute"])
+        fitted = _with_clean_entries(trace, planning, fit_budget(moves_trace, planning, moves), replays)
         fitted_sim = simulate(trace, assemble_plan(trace, stated, fitted, None))
         if fitted_sim.max_excess_bytes < sim.max_excess_bytes:
             result, sim = fitted, fitted_sim
     return PlanOutcome(assemble_plan(trace, stated, result, sim), result, sim)
 
 
-def _with_clean_entries(trace: Trace, inputs: PlannerInputs, result: PlannerResult) -> PlannerResult:
-    """Note [Clean entries] in clean.py: entries the host pool's kept copies make free."""
-    entries, pool_bytes = mark_clean(trace, inputs, result.entries)
-    return replace(result, entries=entries, host_pool_bytes=max(result.host_pool_bytes, pool_bytes))
+def _with_clean_entries(trace: Trace, inputs: PlannerInputs, result: PlannerResult,
+                        replays: list[PlanEntry]) -> PlannerResult:
+    """Note [Clean entries] in clean.py: entries the host pool's kept copies make free, with the
+    replays among them (a tensor made again has no current copy in the pool). The curve
+    without a plan is the job's own, not the one the replays leave."""
+    entries, pool_bytes = mark_clean(trace, inputs, result.entries + replays)
+    before = memory_curve(trace, inputs.headroom_bytes) if replays else result.memory_before_bytes
+    return replace(result, entries=entries, host_pool_bytes=max(result.host_pool_bytes, pool_bytes),
+                   memory_before_bytes=before)
 
 
 def _rank(outcome: PlanOutcome) -> tuple:
@@ -162,7 +193,9 @@ def assemble_plan(trace: Trace, inputs: PlannerInputs, result: PlannerResult, si
 def _prediction(result: PlannerResult, sim: SimResult | None) -> Prediction:
     by_tier = {"host": 0, "ssd": 0}
     for entry in result.entries:
-        by_tier[entry.tier] += entry.nbytes
+        if entry.tier in by_tier:
+            by_tier[entry.tier] += entry.nbytes
+    recompute_bytes = sum(entry.nbytes for entry in result.entries if entry.tier == "recompute")
     clean_bytes = sum(entry.nbytes for entry in result.entries if entry.clean)
     before = int(result.memory_before_bytes.max()) if len(result.memory_before_bytes) else 0
     if sim is None:  # placeholder while the simulator replays the plan
@@ -177,4 +210,5 @@ def _prediction(result: PlannerResult, sim: SimResult | None) -> Prediction:
         over_budget_kernels=sim.over_budget_kernels, max_excess_bytes=sim.max_excess_bytes,
         ssd_write_bytes_per_iteration=by_tier["ssd"], host_pool_bytes=result.host_pool_bytes,
         offload_bytes_by_tier=by_tier, clean_bytes_per_iteration=clean_bytes,
+        recompute_bytes_per_iteration=recompute_bytes, recompute_ms_per_iteration=sim.replay_ms,
     )

@@ -25,6 +25,12 @@ under a plan whose link time was ~0.3 s). A stall is a wait on the thread too: i
 nothing until the wait is over. With 0 (uncalibrated plans) kernels never wait for the host.
 On the CPU the thread runs each kernel itself: nothing runs ahead, host time adds up. Kernels
 take the trace's times PlannerInputs.kernel_time_scale (1 unless a CPU run calibrated it).
+
+Note [Replays]
+A recompute entry (teraio_plan/recompute.py) moves nothing: its memory is free right after
+offload_after, as a clean entry's, and taken again before needed_by, where the device runs the
+producing kernel once more: its (scaled) time goes on the compute timeline just before
+needed_by, counted as replay time, not as a stall.
 """
 
 import bisect
@@ -70,6 +76,7 @@ class SimResult:
     memory_bytes: np.ndarray    # per kernel, at its start, in the measured iteration
     bytes_by_path: dict[str, int]
     cancelled_offloads: int
+    replay_ms: float = 0.0      # kernel time spent replaying recompute entries (Note [Replays])
 
     @property
     def share_of_ideal(self) -> float:
@@ -95,6 +102,7 @@ class _Instance:
     nbytes: int
     tier: str
     clean: bool = False  # leaves without a copy (Note [Clean entries] in clean.py)
+    replay_us: float | None = None  # a recompute entry's replay (Note [Replays]); None: a move
     offload: _Transfer | None = None
     prefetch: _Transfer | None = None
     away: bool = False  # the device copy is freed
@@ -113,7 +121,9 @@ def unroll_entry(entry, num_k: int) -> tuple[int, int, int, int]:
 
     def up(x: int) -> int:
         return x + num_k if x <= a else x
-    return a, up(entry.offload_by), up(entry.prefetch_at), up(entry.needed_by)
+    # offload_by == offload_after only in a recompute entry: freed right after a, not a lap later
+    offload_by = entry.offload_by if entry.offload_by == a else up(entry.offload_by)
+    return a, offload_by, up(entry.prefetch_at), up(entry.needed_by)
 
 
 def planned_memory(demand_bytes: np.ndarray, plan: Plan) -> np.ndarray:
@@ -165,6 +175,8 @@ class _Sim:
         if e < 0 or a >= end:
             return
         inst = _Instance(entry.nbytes, entry.tier, entry.clean)
+        if entry.tier == "recompute":
+            inst.replay_us = float(self.duration_us[entry.produced_at])  # its producer's time
         if a < 0:  # offloaded in an iteration before the replay: assume it went as planned
             if p < 0:
                 return
@@ -259,7 +271,18 @@ class _Sim:
 
     # --- the kernel loop
 
+    def _replay(self, inst: _Instance) -> None:
+        """Note [Replays]: the memory comes back and the device runs the producer again."""
+        if inst.away:
+            inst.away = False
+            self.offloaded_bytes -= inst.nbytes
+            self.replayed_us += inst.replay_us
+            self._advance(self.clock_us + inst.replay_us)
+
     def _prefetch(self, inst: _Instance, deadline: int) -> None:
+        if inst.replay_us is not None:
+            self._replay(inst)
+            return
         off = inst.offload
         if off is not None and not off.done:
             # Still copying out: stop, the device copy is intact, nothing to bring back.
@@ -315,7 +338,7 @@ class _Sim:
 
     def _after_kernel(self, g: int) -> None:
         for inst, deadline in self.events.after.get(g, ()):
-            if inst.clean:  # the pool's copy is current: the device lets go at once
+            if inst.clean or inst.replay_us is not None:  # nothing to copy: the device lets go at once
                 inst.away = True
                 self.offloaded_bytes += inst.nbytes
                 continue
@@ -336,6 +359,7 @@ class _Sim:
     def run(self) -> SimResult:
         n = self.num_k
         self.cancelled, self.measuring = 0, False
+        self.replayed_us = measured_from_us = 0.0
         self.bytes_by_path = {p: 0 for p in ("d2s", "s2d", "d2h", "h2d")}
         memory_bytes = np.zeros(n, dtype=np.int64)
         stalls = [0, 0]
@@ -343,10 +367,11 @@ class _Sim:
         for g in range(2 * n):
             if g == n:
                 self.measuring, self.cancelled, start_us = True, 0, self.clock_us
-            ready_us = self.clock_us
+                measured_from_us = self.replayed_us
+            ready_us, replayed_before_us = self.clock_us, self.replayed_us
             input_stall, memory_stall = self._before_kernel(g)
             if self.measuring:
-                stall_us += self.clock_us - ready_us
+                stall_us += self.clock_us - ready_us - (self.replayed_us - replayed_before_us)
                 stalls[0] += input_stall
                 stalls[1] += memory_stall
                 memory_bytes[g - n] = self.demand_bytes[g - n] - self.offloaded_bytes
@@ -358,6 +383,7 @@ class _Sim:
             stall_ms=stall_us / 1e3, input_stalls=stalls[0], memory_stalls=stalls[1],
             peak_bytes=int(memory_bytes.max()) if n else 0, budget_bytes=self.budget_bytes, memory_bytes=memory_bytes,
             bytes_by_path=self.bytes_by_path, cancelled_offloads=self.cancelled,
+            replay_ms=(self.replayed_us - measured_from_us) / 1e3,
         )
 
 

@@ -25,7 +25,7 @@ def summary_figure(d: PlanDiff) -> Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per iteration, by tier", "changed entries: what changed"))
     groups = {"added": d.added, "removed": d.removed, "changed": [c.new for c in d.changed]}
     scale, unit = byte_unit(max((sum(e.nbytes for e in g) for g in groups.values()), default=0))
-    for tier in ("ssd", "host"):
+    for tier in TIER_COLORS:
         sums = {name: [e for e in g if e.tier == tier] for name, g in groups.items()}
         fig.add_trace(go.Bar(x=list(sums), y=[sum(e.nbytes for e in es) / scale for es in sums.values()],
                              name=f"{tier} (new tier)", marker_color=TIER_COLORS[tier],

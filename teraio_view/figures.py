@@ -267,7 +267,7 @@ CLEAN = "of which clean (no copy)"
 def _plan_bytes(plan) -> tuple[dict, dict]:
     by_tier, by_kind = {"ssd": 0, "host": 0, CLEAN: 0}, {}
     for e in plan.entries:
-        by_tier[e.tier] += e.nbytes
+        by_tier[e.tier] = by_tier.get(e.tier, 0) + e.nbytes   # "recompute" only where a plan has it
         by_tier[CLEAN] += e.nbytes if e.clean else 0
         by_kind[e.kind] = by_kind.get(e.kind, 0) + e.nbytes
     return by_tier, by_kind

@@ -9,7 +9,7 @@ KIND_COLORS = {
 }
 KIND_LABELS = {"optimizer_state": "optimizer state", "parameter": "parameters", "gradient": "gradients",
                "activation": "activations", "other": "other", "untracked": "untracked (allocator, workspace)"}
-TIER_COLORS = {"ssd": "#7B3FBF", "host": "#1F9E89"}
+TIER_COLORS = {"ssd": "#7B3FBF", "host": "#1F9E89", "recompute": "#E69F00"}
 PLAN_COLOR, REPLAY_COLOR, BUDGET_COLOR, RUN_COLOR = "#222222", "#0072B2", "#D62728", "#FF7F0E"
 ADDED, REMOVED, CHANGED, UNCHANGED = "#2CA02C", "#D62728", "#FF7F0E", "#BBBBBB"
 

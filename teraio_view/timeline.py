@@ -24,7 +24,7 @@ def timeline_figure(plan: Plan, num_kernels: int, report: RunReport | None = Non
     shown = _largest(plan.entries)
     lanes = assign_lanes(shown, num_kernels)
     fig = go.Figure()
-    for tier in ("ssd", "host"):
+    for tier in TIER_COLORS:
         bars = [entry_bars(e, lane, num_kernels) for e, lane in zip(shown, lanes) if e.tier == tier]
         if bars:
             fig.add_trace(_tier_trace(tier, [b for pair in bars for b in pair]))

@@ -6,23 +6,13 @@ Through the real CLI on the bundled example (CPU), with the twin-run oracle of t
 
 import subprocess
 
-import pytest
 
 from teraio.formats.plan import PlanEntry, save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import Kind, load_trace
-from cli_helpers import EXAMPLE, PYTHON, example, ok, teraio
+from cli_helpers import PYTHON, ok, teraio
 from runtime_helpers import as_recompute_plan, every_period_plan
-from test_run import ARGS, assert_twin, peak_bytes, run_example
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("replay")
-    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp))
-    ok(example(*ARGS[2:], "--losses-out", tmp / "plain.json", "--state-out", tmp / "plain.pt",
-               "--checkpoint-at", 4, "--checkpoint-out", tmp / "plain_ckpt.pt", cwd=tmp))
-    return tmp
+from test_run import assert_twin, peak_bytes, run_example, work  # noqa: F401  (work: the shared profile and plain run)
 
 
 def test_replayed_activations_train_identically_and_cross_no_link(work, tmp_path):

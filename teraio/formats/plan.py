@@ -78,6 +78,9 @@ class PlannerInputs(Strict):
                                      "the ops it times); 1 on a GPU and uncalibrated")
     calibration: Calibration | None = Field(None, description="which inputs were measured by a run (None: all "
                                             "were given or defaults)")
+    recompute: bool = Field(True, description="drop idle activations whose op can be replayed and run it again "
+                            "before their next use, where the simulator predicts that beats moving them "
+                            "(teraio_plan/recompute.py, Note [Choosing recomputation]); false: moves only")
 
 
 class Prediction(Strict):
@@ -97,6 +100,11 @@ class Prediction(Strict):
     offload_bytes_by_tier: dict[str, int]
     clean_bytes_per_iteration: int = Field(0, description="bytes released without a copy (clean entries): "
                                            "offload_bytes_by_tier less these is what crosses the link out")
+    recompute_bytes_per_iteration: int = Field(0, description="bytes dropped and made again by replaying their "
+                                               "op (recompute entries): they cross no link and are not in "
+                                               "offload_bytes_by_tier")
+    recompute_ms_per_iteration: float = Field(0.0, description="device time the replays take, part of "
+                                              "iteration_ms (not of stall_ms)")
 
 
 class PlanHeader(Strict):

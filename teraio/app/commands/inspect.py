@@ -80,6 +80,8 @@ def _plan_stats(path):
         "offload_bytes_by_tier": p.offload_bytes_by_tier,
         "ssd_write_bytes_per_iteration": p.ssd_write_bytes_per_iteration,
         "clean_bytes_per_iteration": p.clean_bytes_per_iteration, "host_pool_bytes": p.host_pool_bytes,
+        "recompute_bytes_per_iteration": p.recompute_bytes_per_iteration,
+        "recompute_ms_per_iteration": p.recompute_ms_per_iteration,
         "calibration": h.inputs.calibration.model_dump() if h.inputs.calibration else None,
         "trace_op_digest": h.trace.op_digest,
     }
@@ -101,6 +103,9 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
     if plan.header.prediction.clean_bytes_per_iteration:
         out.print(f"  {format_bytes(plan.header.prediction.clean_bytes_per_iteration)} per iteration leave without "
                   "a copy (clean: the host pool holds a current one)")
+    if s["recompute_bytes_per_iteration"]:
+        out.print(f"  {format_bytes(s['recompute_bytes_per_iteration'])} per iteration made again by replaying "
+                  f"their op ({format_ms(s['recompute_ms_per_iteration'])} of kernels) instead of moved")
     table = Table("tensor", "tier", "size", "out after", "back at", "needed by",
                   title=f"Largest of {len(plan.entries)} entries (each one's reason is in the file)",
                   title_justify="left")

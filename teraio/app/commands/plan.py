@@ -49,11 +49,12 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--headroom", type=SIZE, default=0, help="Extra bytes to keep free beyond what the trace tracks. [default: 0]")
 @click.option("--calibrate", "calibrate_from", type=click.Path(path_type=Path), default=None, help="A run report of this job (teraio run --report): take the host and SSD rates and the host time per kernel it measured; options given here still win.")
 @click.option("--no-clean-copies", is_flag=True, help="Plan every offload as a copy, for runs with teraio run --no-clean-copies (by default the host pool's kept copies make unwritten re-offloads free).")
+@click.option("--no-recompute", is_flag=True, help="Move idle activations only (by default one whose op can be replayed may be dropped and made again before its next use, where the prediction says that is faster).")
 @click.option("--stall-free", is_flag=True, help="Only transfers that delay no kernel (the paper's planner); the budget may then be missed.")
 @click.option("--sweep", "do_sweep", is_flag=True, help="Print throughput against migration bandwidth (0-64 GB/s); write no plan.")
 @json_flag
 def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, host_mem, host_gbps,
-            pcie_gbps, headroom, calibrate_from, no_clean_copies, stall_free, do_sweep, as_json):
+            pcie_gbps, headroom, calibrate_from, no_clean_copies, no_recompute, stall_free, do_sweep, as_json):
     """Plan which idle tensors leave the device, when, to SSD or host, and when they come back.
 
     \b
@@ -71,7 +72,7 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
     options = dict(gpu_mem_bytes=gpu_mem, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
                    ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem, host_gbps=host_gbps,
                    pcie_gbps=pcie_gbps, headroom_bytes=headroom, allow_stalls=not stall_free,
-                   clean_copies=not no_clean_copies)
+                   clean_copies=not no_clean_copies, recompute=not no_recompute)
     # Every file and option is checked before any work, so a mistake writes nothing.
     if not do_sweep:
         for path in traces:
@@ -134,6 +135,9 @@ def plan_summary(outcome: PlanOutcome, trace: Trace, out_path: Path) -> dict:
         "predicted_peak_bytes": pred.peak_bytes, "peak_bytes_without_plan": pred.peak_bytes_without_plan,
         "ssd_write_bytes_per_iteration": pred.ssd_write_bytes_per_iteration,
         "clean_bytes_per_iteration": pred.clean_bytes_per_iteration,
+        "recompute_bytes_per_iteration": pred.recompute_bytes_per_iteration,
+        "recompute_ms_per_iteration": pred.recompute_ms_per_iteration,
+        "num_recompute_entries": sum(1 for e in outcome.plan.entries if e.tier == "recompute"),
         "host_pool_bytes": pred.host_pool_bytes, "fits": pred.fits,
         "over_budget_kernels": pred.over_budget_kernels, "max_excess_bytes": pred.max_excess_bytes,
         "worst_kernel": worst if not pred.fits else None,
@@ -154,6 +158,8 @@ def _print_summary(s: dict) -> None:
         ("peak", f"{format_bytes(s['predicted_peak_bytes'])} of budget {format_bytes(s['budget_bytes'])} "
                  f"(without plan {format_bytes(s['peak_bytes_without_plan'])})"),
         ("clean per iteration", format_bytes(s["clean_bytes_per_iteration"])),
+        ("recomputed per iteration", f"{format_bytes(s['recompute_bytes_per_iteration'])} in "
+                                     f"{s['num_recompute_entries']} replays, {format_ms(s['recompute_ms_per_iteration'])}"),
         ("SSD writes per iteration", format_bytes(s["ssd_write_bytes_per_iteration"])),
         ("host pool", format_bytes(s["host_pool_bytes"])),
     ]

@@ -1,0 +1,142 @@
+"""Planned recomputation (teraio_plan/recompute.py, Note [Choosing recomputation]): where the link
+is the bottleneck the plan drops activations whose op can be replayed and makes them again just
+before their next use, and the simulator charges the replay instead of the copies.
+
+Through the real CLI on a trace profiled from the bundled example (CPU), at a third of its peak
+with a slow host link (0.05 GB/s: moves alone stall there).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from teraio.formats.plan import PlanEntry, load_plan
+from teraio.formats.trace import Kind, live_bytes_per_kernel, load_trace
+from teraio_plan import make_plan, planner_inputs
+from teraio_plan.simulator import simulate
+from cli_helpers import EXAMPLE, PYTHON, ok, teraio
+from plan_helpers import MiB, T, make_trace
+
+ARGS = ("--device", "cpu", "--steps", "6")
+DENIED = ("dropout", "rand", "bernoulli", "normal", "uniform", "index_add", "scatter_add", "index_put",
+          "embedding_dense_backward", "_scaled_dot_product", "attention")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("recompute")
+    ok(teraio("profile", "-o", tmp / "trace.msgpack", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp))
+    peak_bytes = int(live_bytes_per_kernel(load_trace(tmp / "trace.msgpack")).max())
+    plan_args = (tmp / "trace.msgpack", "--gpu-mem", peak_bytes // 3, "--ssds", 0, "--host-mem", peak_bytes,
+                 "--host-gbps", 0.05, "--json")
+    summary = json.loads(ok(teraio("plan", *plan_args, "-o", tmp / "replay.json", cwd=tmp)).stdout)
+    moves = json.loads(ok(teraio("plan", *plan_args, "--no-recompute", "-o", tmp / "moves.json", cwd=tmp)).stdout)
+    return tmp, summary, moves
+
+
+def _uses(trace, t):
+    s = slice(trace.use_offsets[t], trace.use_offsets[t + 1])
+    return trace.use_kernels[s], trace.use_writes[s]
+
+
+def _check_replayable(trace, t, entry):
+    """The candidate rule, read off the trace on its own."""
+    b, a, e = entry.produced_at, entry.offload_after, entry.needed_by
+    op = trace.op_name(b)
+    assert trace.kind[t] == Kind.activation and trace.born[t] == b and not entry.wraps
+    assert not op.split(".")[0].endswith("_") and not any(word in op for word in DENIED), op
+    uses, writes = _uses(trace, t)
+    assert not ((uses > a) & (uses < e)).any() and e in uses          # idle over the gap
+    assert not writes[(uses > b) & (uses <= a)].any()                  # still the op's bytes at a
+    inputs = [x for x in range(trace.num_tensors) if x != t and trace.born[x] != b and b in _uses(trace, x)[0]]
+    for x in range(trace.num_tensors):
+        x_uses, x_writes = _uses(trace, x)
+        assert not x_writes[x_uses == b].any()                        # the op writes nothing in place
+    for x in inputs:
+        x_uses, x_writes = _uses(trace, x)
+        assert not x_writes[(x_uses > b) & (x_uses < e)].any()         # inputs unwritten until the replay
+        assert trace.born[x] < 0 or (trace.born[x] <= b and trace.freed[x] > e)   # and alive then
+    return inputs
+
+
+def _period_covers(entry, k: int) -> bool:
+    if entry.wraps:
+        return k > entry.offload_after or k < entry.needed_by
+    return entry.offload_after < k < entry.needed_by
+
+
+def test_replays_are_planned_where_moves_stall_and_each_one_is_safe(work):
+    tmp, summary, _ = work
+    trace, plan = load_trace(tmp / "trace.msgpack"), load_plan(tmp / "replay.json")
+    replays = [e for e in plan.entries if e.tier == "recompute"]
+    assert replays and summary["num_recompute_entries"] == len(replays)
+    index = {tensor_id: i for i, tensor_id in enumerate(trace.tensor_id)}
+    for entry in replays:
+        assert entry.offload_by == entry.offload_after and entry.prefetch_at == entry.needed_by
+        for x in _check_replayable(trace, index[entry.tensor], entry):
+            # the replay reads its inputs at needed_by: no move has one away then
+            assert not any(_period_covers(m, entry.needed_by) for m in plan.entries if m.tensor == trace.tensor_id[x])
+    assert plan.header.prediction.recompute_bytes_per_iteration == sum(e.nbytes for e in replays)
+    assert plan.header.prediction.recompute_ms_per_iteration > 0
+
+
+def test_replaying_is_predicted_no_slower_and_no_recompute_gives_moves_only(work):
+    tmp, summary, moves = work
+    assert not any(e.tier == "recompute" for e in load_plan(tmp / "moves.json").entries)
+    assert moves["recompute_bytes_per_iteration"] == 0 and not load_plan(tmp / "moves.json").header.inputs.recompute
+    assert summary["fits"] and summary["predicted_iteration_ms"] <= moves["predicted_iteration_ms"]
+    assert summary["predicted_iteration_ms"] < moves["predicted_iteration_ms"]   # at 0.05 GB/s replays pay
+
+
+def test_inspect_diff_and_view_show_the_replays(work):
+    tmp, _, _ = work
+    entry = next(e for e in load_plan(tmp / "replay.json").entries if e.tier == "recompute")
+    assert entry.reason.startswith("recompute: replay ") and f"at kernel {entry.produced_at}" in entry.reason
+    shown = ok(teraio("inspect", tmp / "replay.json", cwd=tmp)).stdout
+    assert "made again by replaying" in shown
+    assert "recompute (kernel" in ok(teraio("diff", tmp / "moves.json", tmp / "replay.json", cwd=tmp)).stdout
+    diff = json.loads(ok(teraio("diff", tmp / "moves.json", tmp / "replay.json", "--json", cwd=tmp)).stdout)
+    added = [e for e in diff["added"] if e["tier"] == "recompute"]
+    assert {(e["tensor"], e["produced_at"]) for e in added} >= {(entry.tensor, entry.produced_at)}
+    ok(teraio("view", tmp / "trace.msgpack", tmp / "replay.json", "-o", tmp / "view.html", cwd=tmp))
+    assert "recompute" in (tmp / "view.html").read_text()   # the timeline draws replays as their own tier
+
+
+def _one_replay_plan():
+    """A weight w used at kernels 1 and 8; x = op(w) made at kernel 1 (300 us), used again at 8;
+    y lives over kernels 3-5."""
+    durations = [100.0] * 10
+    durations[1] = 300.0
+    trace = make_trace(durations, [T("w", 64 * MiB, [1, 8]),
+                                   T("x", 256 * MiB, [1, 8], Kind.activation, born=1, freed=9),
+                                   T("y", 128 * MiB, [3, 5], Kind.activation, born=3, freed=6)],
+                       ops=["aten::op"] * 10)
+    trace.use_writes = np.zeros(len(trace.use_kernels), dtype=bool)
+    inputs = planner_inputs(trace, gpu_mem_bytes=2**40, num_ssds=0, host_mem_bytes=2**30)
+    plan = make_plan(trace, inputs)
+    return trace, plan
+
+
+def test_the_simulator_frees_a_replayed_tensor_and_charges_its_kernel():
+    trace, plan = _one_replay_plan()
+    assert not plan.entries  # nothing over budget: nothing planned
+    entry = {"tensor": "x", "name": "x", "kind": "activation", "nbytes": 256 * MiB, "tier": "recompute",
+             "offload_after": 1, "offload_by": 1, "prefetch_at": 8, "needed_by": 8, "wraps": False,
+             "produced_at": 1, "reason": "test"}
+    replayed = plan.model_copy(update={"entries": [PlanEntry(**entry)]})
+    plain, sim = simulate(trace, plan), simulate(trace, replayed)
+    assert sim.iteration_ms == pytest.approx(plain.iteration_ms + 0.3)
+    assert sim.replay_ms == pytest.approx(0.3) and sim.stall_ms == pytest.approx(0.0)
+    assert not any(sim.bytes_by_path.values())
+    assert (plain.memory_bytes - sim.memory_bytes).tolist() == [0, 0] + [256 * MiB] * 6 + [0, 0]
+
+
+def test_a_trace_without_write_information_plans_no_replay():
+    """Traces written before use_writes existed (the committed ones): writes unknown, no replay."""
+    trace, _ = _one_replay_plan()
+    trace.use_writes = np.zeros(0, dtype=bool)
+    inputs = planner_inputs(trace, gpu_mem_bytes=320 * MiB, num_ssds=0, host_mem_bytes=2**30, host_gbps=0.01)
+    assert not any(e.tier == "recompute" for e in make_plan(trace, inputs).entries)
+    trace.use_writes = np.zeros(len(trace.use_kernels), dtype=bool)
+    assert any(e.tier == "recompute" for e in make_plan(trace, inputs).entries)
