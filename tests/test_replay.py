@@ -7,7 +7,7 @@ Through the real CLI on the bundled example (CPU), with the twin-run oracle of t
 import subprocess
 
 
-from teraio.formats.plan import PlanEntry, save_plan
+from teraio.formats.plan import PlanEntry, load_plan, save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import Kind, load_trace
 from cli_helpers import PYTHON, ok, teraio
@@ -83,3 +83,21 @@ def test_an_op_that_writes_an_input_of_a_released_tensor_replays_it_first(tmp_pa
     assert report.iterations_on_plan >= 3
     assert report.prefetched_bytes["recompute"] == report.offloaded_bytes["recompute"] > 0
     assert report.stall_ms_by_cause.get("replay_before_write", 0) > 0
+
+
+def test_the_planners_replays_train_identically_and_run_as_planned(work, tmp_path):
+    """`teraio plan` chooses replays where the link is slow (0.05 GB/s here); the run makes
+    every planned replay, moves none of those bytes, and trains bit for bit as without."""
+    trace = load_trace(work / "trace.msgpack")
+    plan_path = tmp_path / "plan.json"
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", peak_bytes(trace) // 3, "--ssds", 0, "--host-mem",
+              peak_bytes(trace), "--host-gbps", 0.05, "-o", plan_path, cwd=tmp_path))
+    plan = load_plan(plan_path)
+    replayed_bytes = plan.header.prediction.recompute_bytes_per_iteration
+    assert replayed_bytes > 0
+    _, report = run_example(work, tmp_path, plan_path)
+    assert_twin(work, tmp_path)
+    planned = [row for row in report.per_iteration if row.followed_plan]
+    assert len(planned) >= 3 and all(row.replay_fallbacks == 0 for row in planned)
+    assert report.offloaded_bytes["recompute"] >= len(planned) * replayed_bytes
+    assert report.written_bytes["recompute"] == 0
