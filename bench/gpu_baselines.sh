@@ -11,6 +11,7 @@
 #   IDEAL_PEAK=<bytes> bash bench/gpu_baselines.sh infinity    # ZeRO-Infinity alone at 2x (slow disk)
 #   IDEAL_PEAK=<bytes> HOST_MEM=<size> bash bench/gpu_baselines.sh teraio   # teraio_host/mixed/ssd at 2x, 4x
 #   MODEL_ARGS="--preset 3b --dtype bf16" bash bench/gpu_baselines.sh pair  # ideal, teraio_host, ZeRO-Offload+ckpt at 2x
+#   bash bench/gpu_baselines.sh recompute    # ideal; teraio_host with and without recomputation, checkpointing at 2x
 #   IDEAL_PEAK=<bytes> PROFILE_CAPS="1 2" bash bench/gpu_baselines.sh capped  # profiled under caps, planned and run at 2x
 #     (REF_TRACE=<uncapped trace> compares a later call's traces with an earlier one's)
 #   bash bench/gpu_baselines.sh bigbase      # ZeRO-Offload + checkpointing and ZeRO-Infinity on that model
@@ -108,7 +109,8 @@ teraio_row() {
                  --label "$label" --out "$RES" --skip "teraio plan failed: $(tail -1 /tmp/plan.out)"; return; }
     tar -czf "$OUT/plans.tgz" -C $PLANS .   # at most 8 files come back: the plans travel as one
     python3 -c "import json; p = json.load(open('$plan'))['header']['prediction']; print('$plan', {k: p[k] for k in \
-        ('iteration_ms', 'ideal_iteration_ms', 'stall_ms', 'fits', 'peak_bytes', 'offload_bytes_by_tier')})"
+        ('iteration_ms', 'ideal_iteration_ms', 'stall_ms', 'fits', 'peak_bytes', 'offload_bytes_by_tier', \
+        'recompute_bytes_per_iteration', 'recompute_ms_per_iteration')})"
     local step_s
     step_s=$(python3 -c "import json; print(int(json.load(open('$plan'))['header']['prediction']['iteration_ms'] / 1e3))")
     if [[ $tier == ssd ]] && (( step_s > ${SSD_MAX_STEP_S:-20} )); then
@@ -222,6 +224,28 @@ print(max(1, (s['peak_bytes'] - $CAP) // 2**30 - ${BIG_DISK_GIB:-4}))")GiB
     exit 0
 fi
 
+if [[ $MODE == recompute ]]; then
+    # Issue 15 side by side in one call: the ideal, then at 1/RATIO of its peak (CAPS, default 2)
+    # teraio_host planned with recomputation (the default) and without (--no-recompute) from one
+    # trace, and PyTorch's checkpointing of every layer at the same cap.
+    run ideal 150
+    PEAK=${IDEAL_PEAK:-$(ideal_peak)}
+    [[ -z $PEAK ]] && { echo "no ideal run succeeded: no cap to derive"; exit 1; }
+    TRACE=/tmp/teraio-3b.msgpack; mkdir -p $PLANS
+    echo; echo "=== profile the ideal loop"
+    timeout 300 python3 bench/run_baseline.py --system ideal "${MODEL[@]}" --profile-trace $TRACE || exit 1
+    python3 -m teraio inspect $TRACE --json > "$OUT/trace_stats.json"
+    for ratio in ${CAPS:-2}; do
+        read -r -a T <<< "${TIER_ARGS[host]}"
+        teraio_row host $((PEAK / ratio)) "cap 1/$ratio of ideal peak, recompute" "$PLANS/plan_recompute_${ratio}x.json"
+        T+=(--no-recompute)
+        teraio_row host $((PEAK / ratio)) "cap 1/$ratio of ideal peak, moves only" "$PLANS/plan_moves_${ratio}x.json"
+        run checkpointing 120 --act-ckpt --gpu-mem $((PEAK / ratio)) --label "cap 1/$ratio of ideal peak"
+    done
+    cp $TRACE "$OUT/"
+    echo "done at $((SECONDS - START)) s"
+    exit 0
+fi
 if [[ $MODE == pair ]]; then
     # A second configuration (say bf16 autocast: MODEL_ARGS="--preset 3b --dtype bf16 ..."):
     # its ideal, then ZeRO-Offload with checkpointing and teraio_host at 1/2 of its peak.
