@@ -19,10 +19,14 @@ from run to run on a GPU), so training stays exact; the twin-run tests are the c
 - Replay (`copy_in`): the engine first makes the inputs resident (`needs`: one of them may
   itself be out, or replayed: chains work the same way), re-allocates the storage, and the
   op runs outside the walk, without autograd or autocast (the captured overload is already
-  what autocast chose), on the compute stream; its output's bytes are copied into the
-  original storage, so views and tensors saved for backward see them, as after a copy-in.
-  The fresh output is freed right after: the replay holds the tensor's bytes twice for a
-  moment (the planner's headroom covers it).
+  what autocast chose), on the compute stream, writing into the original storage, so views
+  and tensors saved for backward see the bytes again, as after a copy-in. It writes there
+  through the op's `out=` overload (`mm.out` for `mm`, `pow.Tensor_Scalar_out` for
+  `pow.Tensor_Scalar`: the same kernels, structured ops share them) and a cast (`_to_copy`,
+  autocast's) through `copy_`, the same conversion. Only an op without such an overload makes
+  a fresh output that is copied in and freed: the tensor's bytes twice for a moment. On the
+  H200 that transient drove the 3B at half its peak into 6.8 s of out-of-memory relief per
+  run (docs/planner.md, Recomputation).
 - Writes while released: an op that is about to write an input of a released storage would
   make its replay wrong, so the agent replays every storage that depends on that input first
   (`dependents`); a write the walk cannot see (a C++ extension given a raw pointer) is the
@@ -42,6 +46,7 @@ from teraio.walk import tensors_in
 from teraio_run.tiers import Transfer
 
 REPLAY_PATH = "replay"   # a Transfer's path no link meter counts
+CAST_KWARGS = {"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}
 
 
 class ReplayMismatch(TeraioError):
@@ -57,6 +62,7 @@ class Call:
     args: tuple
     kwargs: dict
     out_index: int          # which of the op's output tensors (tensors_in order) is the storage
+    out_layout: tuple       # that tensor's (dtype, size, stride, storage offset)
     writes: int             # the storage's write count at the capture
     inputs: list            # [(record, write count at the capture)] of its input storages
 
@@ -89,7 +95,9 @@ class ReplayTier:
         if out_index is None:
             return  # a wrapper subclass's inner storage: not replayable as one output
         inputs = [(r, r.writes) for r in input_records if r.key != record.key]
-        self.pending[record.key] = Call(record, func, args, kwargs, out_index, record.writes, inputs)
+        out = out_tensors[out_index]
+        layout = (out.dtype, out.size(), out.stride(), out.storage_offset())
+        self.pending[record.key] = Call(record, func, args, kwargs, out_index, layout, record.writes, inputs)
 
     def ready(self, record) -> bool:
         """Whether a captured call can still make this storage's bytes (Note [Replay])."""
@@ -131,12 +139,7 @@ class ReplayTier:
                                  "would differ; run with --no-clean-copies if the job writes tensors outside ATen ops")
         t0 = time.perf_counter()
         with _disable_current_modes(), torch.no_grad(), torch.autocast(self.device_type, enabled=False):
-            made = tensors_in(call.func(*call.args, **call.kwargs), [])[call.out_index].untyped_storage()
-        if made.nbytes() != storage.nbytes():
-            raise ReplayMismatch(f"replaying {call.func} made {made.nbytes()} bytes for {call.record.id}, "
-                                 f"which has {storage.nbytes()}")
-        storage.copy_(made)
-        del made
+            _replay_into(call, storage)
         self.pending[call.record.key] = call   # its next idle period may replay it again
         t1 = time.perf_counter()
         self.replayed_bytes += storage.nbytes()
@@ -158,3 +161,44 @@ class ReplayTier:
 
     def wait_device_frees(self) -> None:
         """Nothing copies out of device memory: nothing to wait for."""
+
+
+def _replay_into(call: Call, storage) -> None:
+    """Run the call again, its output landing in `storage` (Note [Replay])."""
+    dtype, size, stride, offset = call.out_layout
+    target = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+    if call.func is torch.ops.aten._to_copy.default and set(call.kwargs) <= CAST_KWARGS:
+        target.copy_(call.args[0])
+        return
+    out_overload = out_variant(call.func)
+    if out_overload is not None:
+        out_overload(*call.args, **call.kwargs, out=target)
+        return
+    made = tensors_in(call.func(*call.args, **call.kwargs), [])[call.out_index].untyped_storage()
+    if made.nbytes() != storage.nbytes():
+        raise ReplayMismatch(f"replaying {call.func} made {made.nbytes()} bytes for {call.record.id}, "
+                             f"which has {storage.nbytes()}")
+    storage.copy_(made)
+
+
+_out_variants: dict = {}
+
+
+def out_variant(func):
+    """The op's `out=` overload taking the same arguments plus one `out`, or None."""
+    if func in _out_variants:
+        return _out_variants[func]
+    packet, name = func.overloadpacket, func._overloadname
+    found = None
+    for candidate in ("out",) if name == "default" else (f"{name}_out", "out"):
+        overload = getattr(packet, candidate, None)
+        if overload is None:
+            continue
+        schema = overload._schema
+        args = [a.name for a in schema.arguments if not a.is_out]
+        outs = [a for a in schema.arguments if a.is_out]
+        if args == [a.name for a in func._schema.arguments] and len(outs) == 1 and len(schema.returns) == 1:
+            found = overload
+            break
+    _out_variants[func] = found
+    return found
