@@ -131,12 +131,12 @@ class RunAgent(WalkListener):
                     self.log.counts["planned_offloads"] += 1
         self.keeper.after_op(inputs, new)
 
-    def _capture(self, func, inputs, new, tensor_ids) -> None:
+    def _capture(self, func, inputs, new, replays_of: dict[str, int]) -> None:
         """Keep the call of an op whose output the plan replays later (Note [Replay])."""
         args, kwargs, out_tensors = self.walk.last_call
         for record in new:
-            if record.id in tensor_ids:
-                self.replay.capture(record, func, args, kwargs, out_tensors, inputs)
+            if record.id in replays_of:
+                self.replay.capture(record, func, args, kwargs, out_tensors, inputs, replays_of[record.id])
 
     def _tier(self, entry, record) -> str:
         """The entry's tier; the host pool for a replay that cannot make the same bytes any more
@@ -249,12 +249,13 @@ class RunAgent(WalkListener):
         self.keeper.pin_for_raw_read(tensor)
 
 
-def _index_replays(plan: Plan) -> dict[int, set[str]]:
-    """Tensor ids of recompute entries by the kernel that makes them."""
-    made_at: dict[int, set[str]] = {}
+def _index_replays(plan: Plan) -> dict[int, dict[str, int]]:
+    """By the kernel that makes them: tensor id -> how many recompute entries replay it."""
+    made_at: dict[int, dict[str, int]] = {}
     for entry in plan.entries:
         if entry.tier == "recompute":
-            made_at.setdefault(entry.produced_at, set()).add(entry.tensor)
+            replays = made_at.setdefault(entry.produced_at, {})
+            replays[entry.tensor] = replays.get(entry.tensor, 0) + 1
     return made_at
 
 

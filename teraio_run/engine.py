@@ -202,10 +202,11 @@ class MigrationEngine:
             return False
         kept = self.kept.pop(record.key, None)
         if kept is not None:
-            if kept.writes == record.writes and kept.watch() is storage and kept.nbytes == storage.nbytes():
+            current = kept.writes == record.writes and kept.watch() is storage and kept.nbytes == storage.nbytes()
+            if current and tier_name != "recompute":  # a planned replay needs no link: the copy goes
                 self._release_clean(record, kept, storage)
                 return True
-            self._release_kept(kept)  # written since: a stale copy
+            self._release_kept(kept)  # written since (a stale copy), or replayed instead
         placed = self._place(tier_name, storage.nbytes())
         if placed is None:
             self.stats.skipped += 1

@@ -10,9 +10,11 @@ from run to run on a GPU), so training stays exact; the twin-run tests are the c
 - Capture: when the producing op runs while the plan is followed, the agent hands its call
   (the ATen overload, its arguments and which output is the storage) to `capture`. The
   arguments hold the input tensors alive, which the planner required anyway (every input
-  alive at needed_by); after a replay the call is kept for the storage's next idle period in
-  the iteration; a capture whose release never comes (the plan paused) is dropped at the
-  iteration end.
+  alive at needed_by); after a replay the call is kept while the plan has more replays of the
+  storage in the iteration, and dropped after its last (kept longer, it held the inputs past
+  their death: on the 3B at half its peak, residual-stream tensors until the iteration end,
+  and the job into out-of-memory relief); a capture whose release never comes (the plan
+  paused) is dropped at the iteration end.
 - Release (`copy_out`): only while neither the storage nor any input has been written since
   the capture (the walk's write counts, Note [Writes] in teraio/walk.py); otherwise the agent
   moves it to the host pool instead (`ready`), counted as a replay fallback.
@@ -65,6 +67,7 @@ class Call:
     out_layout: tuple       # that tensor's (dtype, size, stride, storage offset)
     writes: int             # the storage's write count at the capture
     inputs: list            # [(record, write count at the capture)] of its input storages
+    replays_left: int       # replays the plan has for it in this iteration
 
     def unwritten(self) -> bool:
         return self.record.writes == self.writes and all(r.writes == w for r, w in self.inputs)
@@ -90,14 +93,15 @@ class ReplayTier:
         self.fallbacks = 0                     # recompute entries moved to the host pool instead
 
     # ----- capture, by the agent -----------------------------------------------------------
-    def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list) -> None:
+    def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list, replays: int) -> None:
         out_index = next((i for i, t in enumerate(out_tensors) if t.untyped_storage()._cdata == record.key), None)
         if out_index is None:
             return  # a wrapper subclass's inner storage: not replayable as one output
         inputs = [(r, r.writes) for r in input_records if r.key != record.key]
         out = out_tensors[out_index]
         layout = (out.dtype, out.size(), out.stride(), out.storage_offset())
-        self.pending[record.key] = Call(record, func, args, kwargs, out_index, layout, record.writes, inputs)
+        self.pending[record.key] = Call(record, func, args, kwargs, out_index, layout, record.writes, inputs,
+                                        replays)
 
     def ready(self, record) -> bool:
         """Whether a captured call can still make this storage's bytes (Note [Replay])."""
@@ -140,7 +144,9 @@ class ReplayTier:
         t0 = time.perf_counter()
         with _disable_current_modes(), torch.no_grad(), torch.autocast(self.device_type, enabled=False):
             _replay_into(call, storage)
-        self.pending[call.record.key] = call   # its next idle period may replay it again
+        call.replays_left -= 1
+        if call.replays_left > 0:
+            self.pending[call.record.key] = call   # its next idle period replays it again
         t1 = time.perf_counter()
         self.replayed_bytes += storage.nbytes()
         self.replay_s += t1 - t0
