@@ -23,6 +23,9 @@ KNOWN_VERSIONS = (1,)
 # Rows every capped configuration should have (issue 5), in table order.
 EXPECTED_SYSTEMS = ("teraio_mixed", "teraio_host", "teraio_ssd", "zero_offload", "zero_infinity",
                     "checkpointing", "save_on_cpu", "plain_capped")
+# TeraIO rows of the detail table and the speed-up lines; "+recompute": a run that replayed
+# activations (its report's recompute tier released bytes), apart from the same system moving only.
+TERAIO_ROWS = ("teraio_mixed", "teraio_host", "teraio_host+recompute", "teraio_ssd")
 GROUP_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "dtype", "deterministic")
 GROUP_DEFAULTS = {"deterministic": False}  # results written before the key existed
 SHAPE_KEYS = ("layers", "dim", "heads", "ffn", "vocab")  # what makes a preset (batch and seq are run choices)
@@ -52,8 +55,15 @@ def load_results(folder):
                 problems.append(f"{path.name}: schema_version {item.get('schema_version')} is unknown to this "
                                 "report; update bench/report.py")
             else:
-                results.append({**item, "_file": path.name})
+                results.append({**item, "system": system_of(item), "_file": path.name})
     return results, problems
+
+
+def system_of(result):
+    """The result's system, "+recompute" added for a TeraIO run that replayed activations."""
+    teraio = (result.get("metrics") or {}).get("teraio") or {}
+    replayed = (teraio.get("offloaded_bytes") or {}).get("recompute", 0)
+    return result["system"] + ("+recompute" if replayed else "")
 
 
 def group_key(result):
@@ -201,16 +211,16 @@ def teraio_details(chosen, caps, ideal_peak):
     """Where a teraio run's time went: the plan's prediction (the simulator replaying the trace
     with the plan at the given bandwidths) and the trace's kernel time alone (unlimited
     bandwidth, no host time) against the measured step, stalls, traffic and the host time in the walk."""
-    rows = [(system, cap, chosen[(system, cap)]) for cap in caps for system in EXPECTED_SYSTEMS[:3]
+    rows = [(system, cap, chosen[(system, cap)]) for cap in caps for system in TERAIO_ROWS
             if (system, cap) in chosen and chosen[(system, cap)]["status"] == "ok"
             and chosen[(system, cap)]["metrics"].get("teraio")]
     if not rows:
         return []
     lines = ["TeraIO runs in detail (measured iterations: those after warm-up; stalls by cause over the whole run):", "",
              "| System | Ratio | Step ms measured | Predicted | Kernels alone | Stall ms/step | Stalls by cause (run) "
-             "| Moved out GB/step | Achieved GB/s | Copy busy ms/step | Walk+agent host ms/step | Evictions on plan "
+             "| Moved out GB/step | Replayed GB/step | Achieved GB/s | Copy busy ms/step | Walk+agent host ms/step | Evictions on plan "
              "| Iterations on plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, cap, r in rows:
         m, t = r["metrics"], r["metrics"]["teraio"]
         warmup = r["config"]["warmup_steps"]
@@ -224,9 +234,13 @@ def teraio_details(chosen, caps, ideal_peak):
         gbps = ", ".join(f"{path} {v:.1f}" for path, v in sorted(t.get("achieved_gbps", {}).items())) or "–"
         # Copies' busy time summed over the paths: at the step time, the links bound the step.
         busy = f"{mean('copy_busy_ms'):.0f}" if measured and "copy_busy_ms" in measured[0] else "–"
+        # The rows count bytes released to every tier; the run's totals split off the replays'.
+        released = t.get("offloaded_bytes", {})
+        replay_share = released.get("recompute", 0) / max(1, sum(released.values()))
+        out_gb = mean('offloaded_bytes') / 1e9
         lines.append(f"| {system} | {ratio_text(cap, ideal_peak)} | {m['step_ms_median']:.0f} | "
                      f"{t['plan']['iteration_ms']:.0f} | {t['plan']['ideal_iteration_ms']:.0f} | {m['stall_ms'] or 0:.0f} "
-                     f"| {causes} | {mean('offloaded_bytes') / 1e9:.1f} | {gbps} | {busy} | {mean('walk_ms'):.0f} "
+                     f"| {causes} | {out_gb * (1 - replay_share):.1f} | {out_gb * replay_share:.1f} | {gbps} | {busy} | {mean('walk_ms'):.0f} "
                      f"| {sum(row['evictions'] for row in planned)} | {t['iterations_on_plan']} of {t['iterations']} |")
     return lines + [""]
 
@@ -234,7 +248,7 @@ def teraio_details(chosen, caps, ideal_peak):
 def speedups(chosen, caps, ideal_peak):
     """One line per TeraIO system and ratio: its speed-up over every ZeRO variant that ran."""
     lines = []
-    for cap, system in ((cap, system) for cap in caps for system in ("teraio_mixed", "teraio_host")):
+    for cap, system in ((cap, system) for cap in caps for system in TERAIO_ROWS[:3]):
         ours = chosen.get((system, cap))
         if not ours or ours["status"] != "ok":
             continue
