@@ -2,13 +2,18 @@
 
     python bench/walk_overhead.py
 
-Times 5000 additions of two 16-element tensors (each makes a new storage, so the walk names
-and records one per op) with and without the walk, best of 5 rounds, and prints us per op.
+Times 5000 small CPU ops (two 16-element tensors) plainly, under an empty TorchDispatchMode
+(what any dispatch mode costs), and under the walk with a listener that does nothing: an
+in-place addition (makes no storage: the walk only looks its inputs up) and an addition that
+makes a storage (the walk names and records it). Best of 5 rounds, in us per op; the walk
+forgets the records of freed storages after each round, as the runtime does at each
+iteration end. docs/runtime.md, "Host cost per kernel", keeps the results.
 """
 
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.walk import OpWalk, WalkListener, activate, deactivate
 
@@ -16,28 +21,46 @@ OPS_PER_ROUND = 5000
 ROUNDS = 5
 
 
-def us_per_op(x: torch.Tensor, y: torch.Tensor) -> float:
+class EmptyMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def us_per_op(op, x: torch.Tensor, y: torch.Tensor, walk: OpWalk | None = None) -> float:
     best = float("inf")
     for _ in range(ROUNDS):
         t0 = time.perf_counter()
         for _ in range(OPS_PER_ROUND):
-            x + y
+            op(x, y)
         best = min(best, (time.perf_counter() - t0) / OPS_PER_ROUND * 1e6)
+        if walk is not None:
+            walk.forget_expired()
     return best
+
+
+def under_walk(op, x, y) -> float:
+    walk = OpWalk(WalkListener(), "cpu")
+    activate(walk)
+    try:
+        us_per_op(op, x, y, walk)  # first ops pay one-time imports and memos
+        return us_per_op(op, x, y, walk)
+    finally:
+        deactivate(walk)
 
 
 def main() -> None:
     torch.set_num_threads(1)
     x, y = torch.randn(16), torch.randn(16)
-    plain = us_per_op(x, y)
-    walk = OpWalk(WalkListener(), "cpu")
-    activate(walk)
-    try:
-        us_per_op(x, y)  # first ops pay one-time imports
-        walked = us_per_op(x, y)
-    finally:
-        deactivate(walk)
-    print(f"plain {plain:.1f} us/op, with the walk {walked:.1f} us/op: {walked - plain:.1f} us/op added")
+    makes, in_place = torch.add, torch.Tensor.add_
+    plain = us_per_op(makes, x, y)
+    with EmptyMode():
+        us_per_op(makes, x, y)
+        empty = us_per_op(makes, x, y)
+    no_storage = under_walk(in_place, x, y)
+    storage = under_walk(makes, x, y)
+    print(f"plain {plain:.1f} us/op; empty dispatch mode {empty:.1f} (+{empty - plain:.1f}); "
+          f"walk, op that makes no storage {no_storage:.1f} (+{no_storage - plain:.1f}); "
+          f"walk, op that makes one {storage:.1f} (+{storage - plain:.1f})")
 
 
 if __name__ == "__main__":

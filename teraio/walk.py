@@ -68,17 +68,20 @@ previous chunk runs.
 """
 
 import itertools
+import operator
 import sys
 import zlib
 from dataclasses import dataclass, field
 from time import perf_counter
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from teraio.formats.trace import Kind, Phase
+
+_graph_task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
 
 BACKWARD_SCOPE = "bwd"
 OOM_RETRIES = 3
@@ -86,10 +89,31 @@ MULTI_TENSOR_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagr
 MULTI_TENSOR_CHUNK_BYTES = 512 * 2**20   # Note [Multi-tensor ops]: ~100 launches for a 3B AdamW step
 
 
+class WeakStorage:
+    """A weak reference to a storage (what StorageWeakRef does, at a tenth of its cost: that
+    class looks its C functions up through TypedStorage on every creation). Holding it keeps
+    the storage's address from being reused by a new storage, so a key stays one storage's."""
+
+    __slots__ = ("cdata",)
+
+    def __init__(self, storage):
+        self.cdata = storage._weak_ref()
+
+    def expired(self) -> bool:
+        return _expired(self.cdata)
+
+    # bound at definition: the torch module may be torn down first at interpreter exit
+    def __del__(self, _free=torch.UntypedStorage._free_weak_ref):
+        _free(self.cdata)
+
+
+_expired = torch.UntypedStorage._expired
+
+
 class StorageRecord:
     """What the walk knows of one live storage."""
 
-    __slots__ = ("key", "id", "name", "kind", "nbytes", "dtype", "shape", "ref", "born_iteration", "pinned",
+    __slots__ = ("key", "id", "name", "kind", "nbytes", "_dtype", "_shape", "ref", "born_iteration", "pinned",
                  "collective", "writes")
 
     def __init__(self, key, tensor_id, kind, tensor, storage, iteration):
@@ -98,13 +122,22 @@ class StorageRecord:
         self.name = tensor_id
         self.kind = kind
         self.nbytes = storage.nbytes()
-        self.dtype = str(tensor.dtype)[len("torch."):]
-        self.shape = list(tensor.shape) if self.nbytes else []
-        self.ref = StorageWeakRef(storage)
+        # kept as torch gives them: only the profiler reads them as text (dtype, shape)
+        self._dtype = tensor.dtype
+        self._shape = tensor.shape if self.nbytes else ()
+        self.ref = WeakStorage(storage)
         self.born_iteration = iteration
         self.pinned = False   # never moved (Note [Collective buffers], Note [FSDP2 unsharded parameters])
         self.collective = None  # the c10d Work of the last collective on it (Note [Collective buffers])
         self.writes = 0         # ops that wrote it in place since the walk met it (Note [Writes])
+
+    @property
+    def dtype(self) -> str:
+        return str(self._dtype)[len("torch."):]
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self._shape)
 
     def in_collective(self) -> bool:
         """Whether a collective may still read or write it (Note [Collective buffers])."""
@@ -179,7 +212,7 @@ _structures: dict = {}
 def op_signature(func, out_tensors: list) -> int:
     """crc32 of the op name and its output shapes: what the guard compares per kernel.
     Memoized by (op, shapes): formatting and hashing the text cost ~5 us, once per op."""
-    key = (func, *[t.shape for t in out_tensors])
+    key = (id(func), *[t.shape for t in out_tensors])  # Note [Op memos]
     crc = _signatures.get(key)
     if crc is None:
         shapes = [tuple(t.shape) for t in out_tensors]
@@ -194,10 +227,14 @@ def op_structure(func, out_tensors: list) -> int:
     """crc32 of the op name and its outputs' count, dtypes and ranks, sizes aside: what the
     guard compares when shapes vary (Note [When the plan is followed] in teraio_run/agent.py).
     Rank and dtype tell a different code path (a broadcast, a cast) from another batch size."""
-    outs = [(t.dtype, t.dim()) for t in out_tensors]
-    key = (func, *outs)
+    if len(out_tensors) == 1:  # most ops: no list of pairs (a 3-tuple of dtype and rank is no other key)
+        out = out_tensors[0]
+        key = (id(func), out.dtype, out.dim())   # Note [Op memos]
+    else:
+        key = (id(func), *[(t.dtype, t.dim()) for t in out_tensors])
     crc = _structures.get(key)
     if crc is None:
+        outs = [(t.dtype, t.dim()) for t in out_tensors]
         crc = _structures[key] = zlib.crc32(f"{_op_name(func)}|{outs}".encode())
     return crc
 
@@ -221,6 +258,20 @@ def written_arguments(func) -> tuple[tuple[int, str], ...]:
 
 
 _multi_tensor: dict = {}
+
+# Note [Op memos]
+# What the walk needs of an op overload is memoized per overload, keyed by id(func): the
+# overload's own __hash__ is a Python function (~0.3 us, several lookups per op). An id is
+# reused only once its object is gone, and these memos hold the overload (_op_names holds
+# every one the signature memos saw), so an id keeps naming the overload it was taken from.
+_op_infos: dict = {}
+
+
+def _op_info(func) -> tuple:
+    """(func, written arguments, is a c10d op, is a multi-tensor op, packet name), once per overload."""
+    info = _op_infos[id(func)] = (func, written_arguments(func), func.namespace == "c10d", is_multi_tensor(func),
+                                  func.overloadpacket.__name__)
+    return info
 
 
 def is_multi_tensor(func) -> bool:
@@ -270,6 +321,24 @@ def join_outputs(outs: list):
     return tuple(join_outputs([out[i] for out in outs]) for i in range(len(first)))
 
 
+def op_tensors(args, kwargs) -> list:
+    """tensors_in(args) then tensors_in(kwargs), the first level unrolled: most arguments
+    are tensors or scalars, and a call per argument was a third of the cost."""
+    found = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            found.append(arg)
+        elif isinstance(arg, (list, tuple, dict)):
+            tensors_in(arg, found)
+    if kwargs:
+        for arg in kwargs.values():
+            if isinstance(arg, torch.Tensor):
+                found.append(arg)
+            elif isinstance(arg, (list, tuple, dict)):
+                tensors_in(arg, found)
+    return found
+
+
 def tensors_in(obj, found: list) -> list:
     """The tensors in an op's arguments or results, in pytree order. ATen passes only
     tuples, lists and dicts, so this beats torch's general pytree walk on the hot path."""
@@ -295,13 +364,6 @@ def storage_holders(tensor: torch.Tensor) -> list:
     names, _ = tensor.__tensor_flatten__()
     inners = [getattr(tensor, name) for name in names]  # DTensor lists its DeviceMesh too
     return [held for inner in inners if isinstance(inner, torch.Tensor) for held in storage_holders(inner)]
-
-
-def _any_subclass(tensors) -> bool:
-    for tensor in tensors:  # a loop: half the cost of any() over a generator, once per op
-        if type(tensor) not in _PLAIN_TENSORS:
-            return True
-    return False
 
 
 def _fsdp_module_class():
@@ -381,6 +443,7 @@ class OpWalk(TorchDispatchMode):
         self.last_call: tuple | None = None
         self.records: dict[int, StorageRecord] = {}
         self.created_bytes = 0   # bytes of every record made so far (a bound for the CPU budget check)
+        self.births: list[StorageRecord] | None = None   # records made, for whoever set a list (and empties it)
         self.owners = _Owners()
         self.roots: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -395,7 +458,7 @@ class OpWalk(TorchDispatchMode):
         self._waited: list[StorageRecord] = []  # those of the last collective its caller waits for
         self._waited_on = None                  # and the CUDA stream it was called on
         # Tensor.is_cuda / is_cpu are cheaper than building a torch.device per tensor per op.
-        self._on_device = (lambda t: t.is_cuda) if device_type == "cuda" else (lambda t: t.is_cpu)
+        self._on_device = operator.attrgetter("is_cuda" if device_type == "cuda" else "is_cpu")
 
     # ----- hooks that give ops their context -----------------------------------------------
     def install_hooks(self) -> None:
@@ -521,7 +584,7 @@ class OpWalk(TorchDispatchMode):
         if tensor.device.type != self.device_type:
             return
         key = tensor.untyped_storage()._cdata
-        self.owners.by_key[key] = (tensor_id, kind, StorageWeakRef(tensor.untyped_storage()))
+        self.owners.by_key[key] = (tensor_id, kind, WeakStorage(tensor.untyped_storage()))
         record = self.records.get(key)
         if record is None:
             return
@@ -550,28 +613,32 @@ class OpWalk(TorchDispatchMode):
     def phase(self) -> Phase:
         if self.in_optimizer:
             return Phase.optimizer
-        if torch._C._current_autograd_node() is not None:
+        # Only the autograd engine runs a node, always inside a graph task; asking for the
+        # node builds a Python object for it, the task id is an int.
+        if _graph_task_id() != -1 and _current_node() is not None:
             return Phase.backward
         return Phase.forward if self.scope else Phase.other
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        chunks = multi_tensor_chunks(func, args, kwargs) if is_multi_tensor(func) else None
+        info = _op_infos.get(id(func)) or _op_info(func)
+        chunks = multi_tensor_chunks(func, args, kwargs) if info[3] else None
         if chunks is None:
-            return self._walk_op(func, args, kwargs)
-        return join_outputs([self._walk_op(func, *chunk) for chunk in chunks])
+            return self._walk_op(func, args, kwargs, info)
+        return join_outputs([self._walk_op(func, *chunk, info) for chunk in chunks])
 
-    def _walk_op(self, func, args, kwargs):
+    def _walk_op(self, func, args, kwargs, info):
         """One kernel: name its storages, let the listener act around it, run it."""
         t0 = perf_counter()
         k = self.kernel
-        self.kernel += 1
+        self.kernel = k + 1
         if self.in_optimizer:
             self._name_new_optimizer_state()
         if self._waited:
             self._collective_waited()
-        inputs = self._records_of(tensors_in(kwargs, tensors_in(args, [])), func, "in")
-        self.listener.before_op(k, func, inputs)
+        inputs = self._records_of(op_tensors(args, kwargs), func, "in")
+        listener = self.listener
+        listener.before_op(k, func, inputs)
         clock = self.op_clock
         if clock is not None:
             clock.start()
@@ -580,15 +647,16 @@ class OpWalk(TorchDispatchMode):
         t2 = perf_counter()
         if clock is not None:
             clock.stop()
-        written = written_arguments(func)
+        _, written, collective, _, _ = info
         self.op_written = self._count_writes(written, args, kwargs) if written else ()
-        if func.namespace == "c10d":
+        if collective:
             self._pin(inputs, _work_of(out), _waited_by_caller(func, args, kwargs))
-        out_tensors = tensors_in(out, [])
-        known = {r.key for r in inputs}
-        new = [r for r in self._records_of(out_tensors, func, None) if r.key not in known]
+        out_tensors = [out] if isinstance(out, torch.Tensor) else tensors_in(out, [])
+        new = self._records_of(out_tensors, func, None) if out_tensors else []
+        if new and inputs:  # an output that aliases an input is not new
+            new = _not_among(new, inputs)
         self.last_call = (args, kwargs, out_tensors)
-        self.listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
+        listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
         self.last_call = None
         host_s = self.host_s
         host_s["ops"] += t2 - t1
@@ -608,7 +676,12 @@ class OpWalk(TorchDispatchMode):
     def _call(self, func, args, kwargs, inputs):
         """Run the op; when it runs out of device memory, let the listener relieve memory in
         stages (an op that fails to allocate has not written its outputs: a retry is safe)."""
-        for attempt in range(OOM_RETRIES + 1):
+        try:
+            return func(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            if not self.listener.relieve_memory(inputs, 0):
+                raise
+        for attempt in range(1, OOM_RETRIES + 1):
             try:
                 return func(*args, **kwargs)
             except torch.OutOfMemoryError:
@@ -655,12 +728,39 @@ class OpWalk(TorchDispatchMode):
         self._waited = []
 
     def _records_of(self, leaves, func, label, create: bool = True) -> list[StorageRecord]:
+        """The records of the storages these tensors hold, deduplicated, in order; made for
+        storages met for the first time unless `create` is False."""
+        records, seen = [], set()
+        index = 0
+        on_device, by_key = self._on_device, self.records
+        for leaf in leaves:
+            if type(leaf) not in _PLAIN_TENSORS:  # Note [Tensor subclasses]: rare, so checked on the way
+                return self._records_of_held(leaves, func, label, create)
+            if not on_device(leaf):
+                continue
+            index += 1
+            try:
+                key = leaf.untyped_storage()._cdata
+            except (RuntimeError, NotImplementedError):
+                continue  # sparse and other storage-less tensors are not ours to move
+            if key in seen:
+                continue
+            seen.add(key)
+            record = by_key.get(key)
+            if record is None:
+                if not create:
+                    continue
+                record = self._new_record(key, leaf, leaf.untyped_storage(), func, label or str(index - 1))
+            records.append(record)
+        return records
+
+    def _records_of_held(self, leaves, func, label, create: bool) -> list[StorageRecord]:
+        """_records_of for tensors among which is a subclass: the storages of the tensors that
+        hold their bytes (Note [Tensor subclasses])."""
         records, seen = [], set()
         index = 0
         on_device = self._on_device
-        if _any_subclass(leaves):
-            leaves = [inner for leaf in leaves for inner in storage_holders(leaf)]  # Note [Tensor subclasses]
-        for leaf in leaves:
+        for leaf in [inner for leaf in leaves for inner in storage_holders(leaf)]:
             if not on_device(leaf):
                 continue
             index += 1
@@ -693,11 +793,13 @@ class OpWalk(TorchDispatchMode):
         record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration)
         self.records[key] = record
         self.created_bytes += record.nbytes
+        if self.births is not None:
+            self.births.append(record)
         return record
 
     def _birth_name(self, func, label, phase: Phase) -> str:
         scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if phase == Phase.backward else "")
-        base = f"{scope}/{func.overloadpacket.__name__}.{label}"
+        base = f"{scope}/{(_op_infos.get(id(func)) or _op_info(func))[4]}.{label}"
         occurrence = self.occurrences.get(base, 0)
         self.occurrences[base] = occurrence + 1
         return f"{base}#{occurrence}"
@@ -709,6 +811,14 @@ class OpWalk(TorchDispatchMode):
         for record in dead:
             del self.records[record.key]
         return dead
+
+
+def _not_among(records: list, inputs: list) -> list:
+    """The records that are not inputs (records are one per storage: identity is the key)."""
+    if len(inputs) > 16:  # a multi-tensor op's hundreds: a set, not a scan per output
+        keys = {r.key for r in inputs}
+        return [r for r in records if r.key not in keys]
+    return [r for r in records if r not in inputs]
 
 
 def teraio_step() -> None:

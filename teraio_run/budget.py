@@ -9,6 +9,7 @@ not fit its device (teraio_run/capped_profile.py).
 
 import time
 from collections import OrderedDict
+from itertools import compress
 from contextlib import contextmanager
 
 import torch
@@ -17,6 +18,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from teraio.formats.trace import Kind
 from teraio.walk import OOM_RETRIES, cuda_allocated_bytes
 from teraio_run.engine import MOVABLE_KINDS
+
+_expired = torch.UntypedStorage._expired   # a storage's liveness by its weak pointer, in C
 
 MAX_CHECKS_SKIPPED = 64   # Note [Bounding the check]: an exact count at least this often
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
@@ -42,6 +45,13 @@ class BudgetKeeper:
         self._restored_at_count = 0
         self._released_at_count = 0
         self._checks_skipped = 0
+        # Note [Counting resident bytes]: the storages that may still be alive, as weak references
+        # (which keep their pointers valid), pointers and sizes; the sum of those sizes
+        self._watched_refs, self._watched_cdata, self._watched_nbytes = [], [], []
+        self._watched_bytes = 0
+        if not cuda:  # on CUDA the allocator counts
+            self._watch(list(walk.records.values()))
+            walk.births = []   # the walk's new records, taken at each count
 
     # ----- per op ---------------------------------------------------------------------------
     def restore_inputs(self, inputs, cause: str) -> bool:
@@ -57,9 +67,12 @@ class BudgetKeeper:
                     waited = True
                     self._restore(record, inputs, cause)
         recency = self.recency
+        to_end = recency.move_to_end
         for record in inputs:
-            recency[record.key] = None
-            recency.move_to_end(record.key)
+            try:
+                to_end(record.key)
+            except KeyError:  # first met as an input (made before the walk, or outside ATen)
+                recency[record.key] = None
         self.grew = self.grew or waited
         return waited
 
@@ -134,12 +147,37 @@ class BudgetKeeper:
             # still counts against the cap (Note [Out of memory]).
             self._resident_at_count = cuda_allocated_bytes()
             return self._resident_at_count
-        # Straight to the C check: StorageWeakRef.expired() goes through two Python layers,
-        # and this sum runs after most ops of a CPU rehearsal.
-        expired = torch.UntypedStorage._expired
-        live = sum(r.nbytes for r in self.walk.records.values() if not expired(r.ref.cdata))
-        self._resident_at_count = live - self.engine.offloaded_now
+        self._resident_at_count = self._live_bytes() - self.engine.offloaded_now
         return self._resident_at_count
+
+    def _live_bytes(self) -> int:
+        """Note [Counting resident bytes]: the walk keeps a record of every storage it met until
+        the iteration ends, also those freed since (a third to a half of an iteration's records
+        by its backward pass), and summing its records looked at each through three Python
+        attribute reads. The keeper watches the storages the walk made since the last count and
+        those alive at it, as flat lists: one C call per storage tells which died, and their
+        bytes leave the sum. A storage dead at one count stays dead (the weak reference keeps
+        its pointer from being reused by another storage), so the sum is the same."""
+        births = self.walk.births
+        if births:
+            self._watch(births)
+            births.clear()
+        gone = list(map(_expired, self._watched_cdata))
+        if any(gone):
+            alive = [not g for g in gone]
+            self._watched_bytes -= sum(compress(self._watched_nbytes, gone))
+            self._watched_refs = list(compress(self._watched_refs, alive))
+            self._watched_cdata = list(compress(self._watched_cdata, alive))
+            self._watched_nbytes = list(compress(self._watched_nbytes, alive))
+        return self._watched_bytes
+
+    def _watch(self, records) -> None:
+        refs = [record.ref for record in records]
+        nbytes = [record.nbytes for record in records]
+        self._watched_refs += refs
+        self._watched_cdata += [ref.cdata for ref in refs]
+        self._watched_nbytes += nbytes
+        self._watched_bytes += sum(nbytes)
 
     def _resident_at_most(self) -> int:
         """Note [Bounding the check]: the exact count costs a sum over every record on the CPU

@@ -163,17 +163,17 @@ def test_deaths_equal_a_scan_after_every_op_and_cost_no_scan(monkeypatch):
     """The example's window tensors die at the very op a scan of every live tensor finds,
     while the recorder itself checks a storage only when it has been freed (the scan made
     profiling quadratic in the live set: 36 minutes for an 800-layer model)."""
-    from torch.multiprocessing.reductions import StorageWeakRef
     from teraio.examples import train_gpt
+    from teraio.walk import WeakStorage
 
     calls = {"on": False, "n": 0}
-    expired = StorageWeakRef.expired
+    expired = WeakStorage.expired
 
     def counted(self):
         calls["n"] += calls["on"]
         return expired(self)
 
-    monkeypatch.setattr(StorageWeakRef, "expired", counted)
+    monkeypatch.setattr(WeakStorage, "expired", counted)
     recorder = TraceRecorder("cpu", warmup=1, iterations=2)
     listener = ScanAlongside(recorder, calls)
     walk = recorder.walk = OpWalk(listener, "cpu")
