@@ -97,7 +97,7 @@ def make_plan_outcome(trace: Trace, inputs: PlannerInputs,
     fewer replays."""
     check_budget(trace, inputs)
     best = None
-    for chosen in recompute.candidate_sets(recompute.find_candidates(trace, inputs)):
+    for chosen in recompute.candidate_sets(trace, inputs):
         outcome = _plan_tiers(trace, inputs, chosen, progress if best is None else None)
         if best is None or _family_rank(outcome) < _family_rank(best):
             best = outcome

@@ -16,8 +16,8 @@ replay writes the same bytes:
   - every input (a tensor used at b that b did not make) is unwritten from b up to e and
     alive at e (a global, or freed after e). The replay needs the inputs on the device at e:
     each chosen entry adds a use of every input at e (with_replays), so the move planner
-    splits their idle periods there and never plans them away across the replay, and an
-    input recomputed itself over e rules the pair out (no chains of replays).
+    splits their idle periods there and never plans them away across the replay; an input
+    that is replayed itself is made again up to e first (Note [Chains of replays]).
 Traces without use_writes (written before it) have no candidates: nothing says which uses wrote.
 
 Which candidates: a replay costs the producer's kernel time on the device; a move costs the
@@ -26,6 +26,22 @@ overlap kernels over the budget can help. Candidates are ranked by link time sav
 time, and make.py plans a few sets (none, and those above each of RATIO_THRESHOLDS) jointly
 with the moves and keeps the one the simulator predicts fastest (ties: fewer replays), since
 neither the link nor the budget alone says how much replay time pays.
+
+Note [Chains of replays]
+A replay at e reads its inputs there; an input i chosen for replay over e (idle from a_i to
+e_i > e, a matmul output a `mul` reads, say) is made again first: its gap is cut at e into
+[a_i, e], a recompute entry whose needed_by is e, and [e, e_i], another one (the runtime
+replays i when the replay at e asks for its inputs, and keeps i's call for as many replays as
+the plan has entries for it: teraio_run/agent.py). Each piece is a replay of its own whose
+inputs are read at its end, so cuts run down the chain: `chains` cuts the later-born tensors
+first (a replay reads only tensors born before its own). A piece over no kernel above the
+budget is not replayed: the tensor stays on the device there (the pseudo-use at e splits its
+period for the moves, as any input's). The cut costs i's kernel once more, so a candidate is
+taken when the link time it saves per replay time it adds with its chains (every cut it
+makes, down the chain) is at or above the threshold. Every piece keeps the rules above: the
+inputs were unwritten and alive up to e_i > e, and the bytes at e are those the replay made.
+The simulator charges each replay's kernel before its needed_by, the chain's together before
+e, and counts i on the device from e on (Note [Replays] in simulator.py).
 """
 
 from collections import defaultdict
@@ -80,8 +96,7 @@ def find_candidates(trace: Trace, inputs: PlannerInputs) -> list[Candidate]:
     link_bytes_per_us = _link_bytes_per_us(inputs)
     if link_bytes_per_us <= 0:
         return []
-    over = memory_curve(trace, inputs.headroom_bytes) > inputs.budget_bytes
-    over_prefix = np.concatenate(([0], np.cumsum(over)))
+    over_prefix = _over_prefix(trace, inputs)
     floor = min(MIN_OFFLOAD_BYTES, inputs.budget_bytes * MIN_OFFLOAD_BUDGET_SHARE)
     p = find_periods(trace)
     keep = ((trace.kind[p.tensor] == Kind.activation) & (trace.born[p.tensor] >= 0) & (p.end < trace.num_kernels)
@@ -101,6 +116,12 @@ def find_candidates(trace: Trace, inputs: PlannerInputs) -> list[Candidate]:
             found.append(Candidate(t, a, e, b, ins, int(p.nbytes[i]), replay_us,
                                    2 * int(p.nbytes[i]) / link_bytes_per_us))
     return sorted(found, key=lambda c: (-c.ratio, c.offload_after, c.tensor))
+
+
+def _over_prefix(trace: Trace, inputs: PlannerInputs) -> np.ndarray:
+    """[k]: how many kernels before k the job's own curve has over the budget."""
+    over = memory_curve(trace, inputs.headroom_bytes) > inputs.budget_bytes
+    return np.concatenate(([0], np.cumsum(over)))
 
 
 def _link_bytes_per_us(inputs: PlannerInputs) -> float:
@@ -135,31 +156,58 @@ def _input_ok(trace: Trace, x: int, b: int, e: int) -> bool:
     return bool(alive) and not _written(trace, x, b, e)
 
 
-def choose(candidates: list[Candidate], min_ratio: float) -> list[Candidate]:
-    """The candidates at or above min_ratio, best first, that need no other one's tensor at
-    their replay (an input recomputed over e would need a chain of replays)."""
+def choose(candidates: list[Candidate], min_ratio: float, over_prefix: np.ndarray) -> list[Candidate]:
+    """The candidates at or above min_ratio, best first, as the replays they take with their
+    chains (Note [Chains of replays]); one whose chain costs more than the ratio allows is left out."""
     chosen: list[Candidate] = []
-    gaps: dict[int, list[tuple[int, int]]] = defaultdict(list)    # tensor -> chosen (a, e)
-    replays: dict[int, list[int]] = defaultdict(list)             # input -> kernels it is needed at
+    replay_us = 0.0
     for c in candidates:
         if c.ratio < min_ratio:
             break
-        if any(a < c.needed_by <= e for x in c.inputs for a, e in gaps[x]):
-            continue
-        if any(c.offload_after < k <= c.needed_by for k in replays[c.tensor]):
-            continue
-        chosen.append(c)
-        gaps[c.tensor].append((c.offload_after, c.needed_by))
-        for x in c.inputs:
-            replays[x].append(c.needed_by)
-    return chosen
+        trial_us = sum(p.replay_us for p, _, _ in _cut(chosen + [c], over_prefix))
+        if trial_us <= replay_us or c.link_us / (trial_us - replay_us) >= min_ratio:
+            chosen.append(c)
+            replay_us = trial_us
+    return chains(chosen, over_prefix)
 
 
-def candidate_sets(candidates: list[Candidate]) -> list[list[Candidate]]:
+def chains(chosen: list[Candidate], over_prefix: np.ndarray) -> list[Candidate]:
+    """The replays the chosen gaps take: one per piece (Note [Chains of replays])."""
+    pieces = [replace(c, offload_after=a, needed_by=e) for c, a, e in _cut(chosen, over_prefix)]
+    return sorted(pieces, key=lambda p: (p.offload_after, p.tensor))
+
+
+def _cut(chosen: list[Candidate], over_prefix: np.ndarray) -> list[tuple[Candidate, int, int]]:
+    """Each chosen gap cut at every kernel where a replay reads its tensor, as (candidate, a, e);
+    the pieces over no kernel above the budget left out (the tensor stays there)."""
+    by_tensor: dict[int, list[Candidate]] = defaultdict(list)
+    for c in chosen:
+        by_tensor[c.tensor].append(c)
+    read_at: dict[int, set[int]] = defaultdict(set)
+    pieces = []
+    # A replay reads tensors born before its own: the later-born first, each tensor's readers known.
+    for t in sorted(by_tensor, key=lambda t: -by_tensor[t][0].produced_at):
+        for c in by_tensor[t]:
+            cuts = sorted(k for k in read_at[t] if c.offload_after < k < c.needed_by)
+            bounds = [c.offload_after, *cuts, c.needed_by]
+            for a, e in zip(bounds, bounds[1:]):
+                if over_prefix[e] - over_prefix[a + 1] == 0:
+                    continue
+                pieces.append((c, a, e))
+                for x in c.inputs:
+                    read_at[x].add(e)
+    return pieces
+
+
+def candidate_sets(trace: Trace, inputs: PlannerInputs) -> list[list[Candidate]]:
     """No replay, then the chosen sets of each threshold, each set once."""
+    candidates = find_candidates(trace, inputs)
     sets, seen = [[]], {()}
+    if not candidates:
+        return sets
+    over_prefix = _over_prefix(trace, inputs)
     for threshold in RATIO_THRESHOLDS:
-        chosen = choose(candidates, threshold)
+        chosen = choose(candidates, threshold, over_prefix)
         key = tuple((c.tensor, c.offload_after) for c in chosen)
         if key not in seen:
             seen.add(key)
@@ -174,7 +222,12 @@ def entries(trace: Trace, chosen: list[Candidate]) -> list[PlanEntry]:
         prefetch_at=c.needed_by, needed_by=c.needed_by, wraps=False, produced_at=c.produced_at,
         reason=(f"recompute: replay {trace.op_name(c.produced_at)} at kernel {c.produced_at} "
                 f"({c.replay_us / 1e3:.3g} ms) instead of 2 x {format_bytes(c.nbytes)} over the link "
-                f"({c.link_us / 1e3:.3g} ms)")) for c in chosen]
+                f"({c.link_us / 1e3:.3g} ms){_chained(trace, c)}")) for c in chosen]
+
+
+def _chained(trace: Trace, c: Candidate) -> str:
+    """Where a piece ends at no use of its own, the replay there reads it (Note [Chains of replays])."""
+    return "" if c.needed_by in trace.uses(c.tensor) else f", for the replay that reads it at kernel {c.needed_by}"
 
 
 def with_replays(trace: Trace, chosen: list[Candidate]) -> Trace:

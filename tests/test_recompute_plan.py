@@ -40,16 +40,24 @@ def _uses(trace, t):
     return trace.use_kernels[s], trace.use_writes[s]
 
 
-def _check_replayable(trace, t, entry):
-    """The candidate rule, read off the trace on its own."""
+def _inputs(trace, t):
+    """The tensors t's producing op read: used at its kernel, not made there."""
+    b = trace.born[t]
+    return [x for x in range(trace.num_tensors) if x != t and trace.born[x] != b and b in _uses(trace, x)[0]]
+
+
+def _check_replayable(trace, t, entry, read_at=frozenset()):
+    """The candidate rule, read off the trace on its own; read_at: the kernels where other
+    replays read t (a chained piece of t ends at one of them, not at a use of its own)."""
     b, a, e = entry.produced_at, entry.offload_after, entry.needed_by
     op = trace.op_name(b)
     assert trace.kind[t] == Kind.activation and trace.born[t] == b and not entry.wraps
     assert not op.split(".")[0].endswith("_") and not any(word in op for word in DENIED), op
     uses, writes = _uses(trace, t)
-    assert not ((uses > a) & (uses < e)).any() and e in uses          # idle over the gap
+    assert not ((uses > a) & (uses < e)).any() and (e in uses or e in read_at)    # idle over the gap
+    assert a in uses or a in read_at
     assert not writes[(uses > b) & (uses <= a)].any()                  # still the op's bytes at a
-    inputs = [x for x in range(trace.num_tensors) if x != t and trace.born[x] != b and b in _uses(trace, x)[0]]
+    inputs = _inputs(trace, t)
     for x in range(trace.num_tensors):
         x_uses, x_writes = _uses(trace, x)
         assert not x_writes[x_uses == b].any()                        # the op writes nothing in place
@@ -58,6 +66,15 @@ def _check_replayable(trace, t, entry):
         assert not x_writes[(x_uses > b) & (x_uses < e)].any()         # inputs unwritten until the replay
         assert trace.born[x] < 0 or (trace.born[x] <= b and trace.freed[x] > e)   # and alive then
     return inputs
+
+
+def _read_at(trace, replays, index):
+    """Tensor -> the kernels where a planned replay reads it."""
+    read_at = {}
+    for entry in replays:
+        for x in _inputs(trace, index[entry.tensor]):
+            read_at.setdefault(x, set()).add(entry.needed_by)
+    return read_at
 
 
 def _period_covers(entry, k: int) -> bool:
@@ -72,13 +89,41 @@ def test_replays_are_planned_where_moves_stall_and_each_one_is_safe(work):
     replays = [e for e in plan.entries if e.tier == "recompute"]
     assert replays and summary["num_recompute_entries"] == len(replays)
     index = {tensor_id: i for i, tensor_id in enumerate(trace.tensor_id)}
+    read_at = _read_at(trace, replays, index)
     for entry in replays:
         assert entry.offload_by == entry.offload_after and entry.prefetch_at == entry.needed_by
-        for x in _check_replayable(trace, index[entry.tensor], entry):
-            # the replay reads its inputs at needed_by: no move has one away then
+        t = index[entry.tensor]
+        for x in _check_replayable(trace, t, entry, read_at.get(t, set())):
+            # the replay reads its inputs at needed_by: no move or replay has one away then
             assert not any(_period_covers(m, entry.needed_by) for m in plan.entries if m.tensor == trace.tensor_id[x])
     assert plan.header.prediction.recompute_bytes_per_iteration == sum(e.nbytes for e in replays)
     assert plan.header.prediction.recompute_ms_per_iteration > 0
+
+
+def test_a_replayed_input_of_a_replay_is_replayed_up_to_that_replay(work):
+    """Chains (Note [Chains of replays]): the example at a third of its peak replays inputs of
+    replays too, each one up to the kernel of the replay that reads it, pieces of one tensor's
+    gap never overlapping."""
+    tmp, _, _ = work
+    trace, plan = load_trace(tmp / "trace.msgpack"), load_plan(tmp / "replay.json")
+    replays = [e for e in plan.entries if e.tier == "recompute"]
+    index = {tensor_id: i for i, tensor_id in enumerate(trace.tensor_id)}
+    by_tensor = {}
+    for entry in replays:
+        by_tensor.setdefault(index[entry.tensor], []).append(entry)
+    chained = [(entry, x) for entry in replays for x in _inputs(trace, index[entry.tensor])
+               if any(r.needed_by == entry.needed_by for r in by_tensor.get(x, ()))]
+    assert chained
+    for pieces in by_tensor.values():
+        spans = sorted((e.offload_after, e.needed_by) for e in pieces)
+        assert all(e0 <= a1 for (_, e0), (a1, _) in zip(spans, spans[1:]))
+    # a piece that ends at no use of its own ends where a replay reads it: made again for that one
+    uses = {t: set(_uses(trace, t)[0].tolist()) for t in by_tensor}
+    read_at = _read_at(trace, replays, index)
+    ends_at_a_read = [e for t, es in by_tensor.items() for e in es if e.needed_by not in uses[t]]
+    assert ends_at_a_read
+    assert all(e.reason.endswith(f"for the replay that reads it at kernel {e.needed_by}") for e in ends_at_a_read)
+    assert all(e.needed_by in uses[t] | read_at.get(t, set()) for t, es in by_tensor.items() for e in es)
 
 
 def test_replaying_is_predicted_no_slower_and_no_recompute_gives_moves_only(work):
@@ -140,3 +185,30 @@ def test_a_trace_without_write_information_plans_no_replay():
     assert not any(e.tier == "recompute" for e in make_plan(trace, inputs).entries)
     trace.use_writes = np.zeros(len(trace.use_kernels), dtype=bool)
     assert any(e.tier == "recompute" for e in make_plan(trace, inputs).entries)
+
+
+def _chain_trace():
+    """A weight w; h = op(w) at kernel 1 (300 us), used at 2 and 10; g = op(h) at kernel 2
+    (200 us), used again at 8; y over kernels 3-6 takes the job over 600 MiB there."""
+    durations = [100.0] * 12
+    durations[1], durations[2] = 300.0, 200.0
+    trace = make_trace(durations, [T("w", 64 * MiB, [1, 10]),
+                                   T("h", 256 * MiB, [1, 2, 10], Kind.activation, born=1, freed=11),
+                                   T("g", 256 * MiB, [2, 8], Kind.activation, born=2, freed=9),
+                                   T("y", 128 * MiB, [3, 6], Kind.activation, born=3, freed=7)],
+                       ops=["aten::op"] * 12)
+    trace.use_writes = np.zeros(len(trace.use_kernels), dtype=bool)
+    return trace
+
+
+def test_an_input_of_a_replay_is_replayed_just_before_it_and_counted_back_from_there():
+    """g's replay at 8 reads h, idle from 2 to 10: h is replayed up to 8 (a chain), both
+    replays are charged before kernel 8, and h is on the device again from 8 on."""
+    trace = _chain_trace()
+    inputs = planner_inputs(trace, gpu_mem_bytes=600 * MiB, num_ssds=0, host_mem_bytes=2**30, host_gbps=0.01)
+    plan = make_plan(trace, inputs)
+    replays = {(e.tensor, e.offload_after, e.needed_by) for e in plan.entries if e.tier == "recompute"}
+    assert replays == {("g", 2, 8), ("h", 2, 8)}   # h's piece 8-10 is over nothing: it stays
+    sim, plain = simulate(trace, plan), simulate(trace, plan.model_copy(update={"entries": []}))
+    assert plan.header.prediction.fits and sim.replay_ms == pytest.approx(0.5) and sim.stall_ms == pytest.approx(0.0)
+    assert (plain.memory_bytes - sim.memory_bytes).tolist() == [0, 0, 0] + [512 * MiB] * 5 + [0] * 4
