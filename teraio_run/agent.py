@@ -91,7 +91,7 @@ class RunAgent(WalkListener):
     def before_op(self, k, func, inputs):
         if self.replay is not None and self.replay.dependents and written_arguments(func):
             self._replay_before_write(inputs)
-        if self.following:  # first: a replay planned for this kernel is no late prefetch
+        if self.following and k in self.prefetches_at:  # first: a replay planned here is no late prefetch
             self._start_prefetches(k)
         self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
 
@@ -118,18 +118,23 @@ class RunAgent(WalkListener):
             self.signatures.append(signature)
         for record in new:
             self.by_id[record.id] = record
-        if self.following and (k >= self.num_kernels or signature != self.expected[k]):
-            self._pause(k, func)
-        if self.following and k in self.replays_made_at:
-            self._capture(func, inputs, new, self.replays_made_at[k])
-        if self.following and not self.keeper.holds:
-            for entry in self.offloads_after.get(k, ()):
-                record = self.by_id.get(entry.tensor)
-                if record is None:
-                    self.log.counts["plan_ids_missing"] += 1
-                elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, self._tier(entry, record)):
-                    self.log.counts["planned_offloads"] += 1
+        if self.following:
+            if k >= self.num_kernels or signature != self.expected[k]:
+                self._pause(k, func)
+            else:
+                if k in self.replays_made_at:
+                    self._capture(func, inputs, new, self.replays_made_at[k])
+                if k in self.offloads_after and not self.keeper.holds:
+                    self._offload_planned(k)
         self.keeper.after_op(inputs, new)
+
+    def _offload_planned(self, k: int) -> None:
+        for entry in self.offloads_after[k]:
+            record = self.by_id.get(entry.tensor)
+            if record is None:
+                self.log.counts["plan_ids_missing"] += 1
+            elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, self._tier(entry, record)):
+                self.log.counts["planned_offloads"] += 1
 
     def _capture(self, func, inputs, new, replays_of: dict[str, int]) -> None:
         """Keep the call of an op whose output the plan replays later (Note [Replay])."""
