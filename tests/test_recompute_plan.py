@@ -13,7 +13,7 @@ import pytest
 
 from teraio.formats.plan import PlanEntry, load_plan
 from teraio.formats.trace import Kind, live_bytes_per_kernel, load_trace
-from teraio_plan import make_plan, planner_inputs
+from teraio_plan import make_plan, planner_inputs, sweep
 from teraio_plan.simulator import simulate
 from cli_helpers import EXAMPLE, PYTHON, ok, teraio
 from plan_helpers import MiB, T, make_trace
@@ -212,3 +212,17 @@ def test_an_input_of_a_replay_is_replayed_just_before_it_and_counted_back_from_t
     sim, plain = simulate(trace, plan), simulate(trace, plan.model_copy(update={"entries": []}))
     assert plan.header.prediction.fits and sim.replay_ms == pytest.approx(0.5) and sim.stall_ms == pytest.approx(0.0)
     assert (plain.memory_bytes - sim.memory_bytes).tolist() == [0, 0, 0] + [512 * MiB] * 5 + [0] * 4
+
+
+def test_the_roofline_sweep_plans_replays_as_teraio_plan_does(work):
+    """The sweep (`teraio plan --sweep`) plans each bandwidth as `teraio plan` would: over slow
+    links, where replays pay, its predicted share of ideal is above a moves-only sweep's, and
+    never below it."""
+    tmp, _, _ = work
+    trace = load_trace(tmp / "trace.msgpack")
+    budget = int(live_bytes_per_kernel(trace).max()) // 3
+    slow_gbps = (0.02, 0.05, 0.1, 1.0)
+    with_replays = sweep(trace, planner_inputs(trace, gpu_mem_bytes=budget), slow_gbps)
+    moves_only = sweep(trace, planner_inputs(trace, gpu_mem_bytes=budget, recompute=False), slow_gbps)
+    pairs = [(a.share_of_ideal, b.share_of_ideal) for a, b in zip(with_replays, moves_only) if a.fits]
+    assert pairs and all(a >= b - 1e-9 for a, b in pairs) and any(a > b for a, b in pairs)
