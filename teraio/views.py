@@ -39,6 +39,7 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         out.print(f"  [yellow]{reason}[/]: no more swap files went to {folder}{moved}")
     for tensor, failure in r.lost_tensors.items():
         out.print(f"  [red]data lost[/]: {tensor}, its swap file could not be read back ({failure})")
+    _print_replays(r, out)
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
@@ -46,6 +47,18 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     if r.plan_pauses:
         out.print(f"  plan paused in {r.plan_pauses} iteration(s) at ops unlike the trace's (evaluation, "
                   f"saving, another batch shape) and resumed at the next; first: {r.pause_reason}")
+
+
+def _print_replays(r: RunReport, out: Console) -> None:
+    """What the recompute tier did (teraio_run/replay.py), and what it could not."""
+    fallbacks = sum(row.replay_fallbacks for row in r.per_iteration)
+    replayed = r.prefetched_bytes.get("recompute", 0)
+    if replayed:
+        replay_ms = sum(row.replay_ms for row in r.per_iteration)
+        out.print(f"  replays made {format_bytes(replayed)} again ({format_ms(replay_ms)} of host time)")
+    if fallbacks:
+        out.print(f"  [yellow]{fallbacks} recompute entries moved to the host pool instead[/]: the op's call was not "
+                  "kept (--no-clean-copies) or the tensor or an input was written since it ran")
 
 
 def tier_label(entry) -> str:

@@ -70,6 +70,10 @@ class RunAgent(WalkListener):
         # without clean copies the walk may miss writes, and replays move to the host pool
         self.replay = engine.tiers["recompute"] if engine.keep_clean else None
         self.replays_made_at = _index_replays(plan) if self.replay is not None else {}
+        if self.replay is None and any(entry.tier == "recompute" for entry in plan.entries):
+            print("teraio: warning: with --no-clean-copies the plan's recompute entries move to the host pool "
+                  "instead (a replay needs every write seen); plan with --no-recompute to plan for that",
+                  file=sys.stderr)
         self.num_kernels = plan.header.trace.num_kernels
         self.following = False
         self.expected: list[int] | None = None   # the trace's signature per kernel, once learned

@@ -101,3 +101,18 @@ def test_the_planners_replays_train_identically_and_run_as_planned(work, tmp_pat
     assert len(planned) >= 3 and all(row.replay_fallbacks == 0 for row in planned)
     assert report.offloaded_bytes["recompute"] >= len(planned) * replayed_bytes
     assert report.written_bytes["recompute"] == 0
+
+
+def test_without_clean_copies_replays_move_to_the_host_pool_and_say_so(work, tmp_path):
+    """--no-clean-copies says the walk may miss writes: no replay is trusted, each recompute
+    entry moves its bytes instead, said once, counted, and training stays exact."""
+    trace = load_trace(work / "trace.msgpack")
+    plan = as_recompute_plan(trace, every_period_plan(trace, budget_bytes=peak_bytes(trace) // 2))
+    save_plan(plan, tmp_path / "plan.json")
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json", "--no-clean-copies")
+    assert_twin(work, tmp_path)
+    assert proc.stderr.count("recompute entries move to the host pool") == 1
+    assert report.offloaded_bytes["recompute"] == 0
+    assert sum(row.replay_fallbacks for row in report.per_iteration) >= 3 * sum(
+        e.tier == "recompute" for e in plan.entries)
+    assert "recompute entries moved to the host pool instead" in proc.stderr
