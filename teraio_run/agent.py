@@ -233,6 +233,8 @@ class RunAgent(WalkListener):
         self.following = False
         self.paused_at = k
         self.plan_pauses += 1
+        if self.replay is not None:
+            self.replay.drop_pending()  # no offload comes for them now: their inputs may go
         if not self.pause_reason:
             where = f"iteration {self.walk.iteration}, kernel {k} of {self.num_kernels}"
             if func is None:

@@ -13,8 +13,8 @@ from run to run on a GPU), so training stays exact; the twin-run tests are the c
   alive at needed_by); after a replay the call is kept while the plan has more replays of the
   storage in the iteration, and dropped after its last (kept longer, it held the inputs past
   their death: on the 3B at half its peak, residual-stream tensors until the iteration end,
-  and the job into out-of-memory relief); a capture whose release never comes (the plan
-  paused) is dropped at the iteration end.
+  and the job into out-of-memory relief); captures not released yet are dropped when the plan
+  pauses and at the iteration end (no release comes for them).
 - Release (`copy_out`): only while neither the storage nor any input has been written since
   the capture (the walk's write counts, Note [Writes] in teraio/walk.py); otherwise the agent
   moves it to the host pool instead (`ready`), counted as a replay fallback.
@@ -109,7 +109,7 @@ class ReplayTier:
         return call is not None and call.record is record and call.unwritten()
 
     def drop_pending(self) -> None:
-        """The iteration ended: captures never released let their inputs go."""
+        """The iteration ended or left the plan: captures never released let their inputs go."""
         self.pending.clear()
 
     def released_depending_on(self, input_keys) -> list:
