@@ -58,7 +58,8 @@ def _print_replays(r: RunReport, out: Console) -> None:
         out.print(f"  replays made {format_bytes(replayed)} again ({format_ms(replay_ms)} of host time)")
     if fallbacks:
         out.print(f"  [yellow]{fallbacks} recompute entries moved to the host pool instead[/]: the op's call was not "
-                  "kept (--no-clean-copies) or the tensor or an input was written since it ran")
+                  "kept (--no-clean-copies, or the op draws random numbers) or the tensor or an input was written "
+                  "since it ran")
 
 
 def tier_label(entry) -> str:

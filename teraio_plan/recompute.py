@@ -57,8 +57,11 @@ from teraio_plan.memory import memory_curve
 from teraio_plan.periods import find_periods
 from teraio_plan.planner import MIN_OFFLOAD_BUDGET_SHARE, MIN_OFFLOAD_BYTES
 
+# By name (the planner has no torch): the ops ATen tags nondeterministic_seeded, every op taking a Generator.
 RANDOM_OPS = ("dropout", "native_dropout", "bernoulli", "rand", "randn", "randint", "normal", "uniform",
-              "multinomial", "randperm")
+              "multinomial", "randperm", "poisson", "binomial", "_standard_gamma", "_sample_dirichlet",
+              "exponential", "geometric", "cauchy", "rrelu", "_cudnn_rnn", "miopen_rnn", "rnn_relu", "rnn_tanh",
+              "lstm", "gru")
 NONDETERMINISTIC_OPS = ("index_add", "scatter_add", "index_put", "embedding_dense_backward", "_scaled_dot_product",
                         "attention")
 # Link time saved per replay time: the sets make.py plans and compares (Note [Choosing recomputation]).

@@ -17,7 +17,9 @@ from run to run on a GPU), so training stays exact; the twin-run tests are the c
   pauses and at the iteration end (no release comes for them).
 - Release (`copy_out`): only while neither the storage nor any input has been written since
   the capture (the walk's write counts, Note [Writes] in teraio/walk.py); otherwise the agent
-  moves it to the host pool instead (`ready`), counted as a replay fallback.
+  moves it to the host pool instead (`ready`), counted as a replay fallback. An op ATen tags
+  `nondeterministic_seeded` (it draws random numbers: poisson, _standard_gamma, a cuDNN RNN
+  with dropout) is never captured, whatever the plan says: it falls back the same way.
 - Replay (`copy_in`): the engine first makes the inputs resident (`needs`: one of them may
   itself be out, or replayed: chains work the same way), re-allocates the storage, and the
   op runs outside the walk, without autograd or autocast (the captured overload is already
@@ -94,6 +96,8 @@ class ReplayTier:
 
     # ----- capture, by the agent -----------------------------------------------------------
     def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list, replays: int) -> None:
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+            return  # draws random numbers: a replay would draw others and move the generator on
         out_index = next((i for i, t in enumerate(out_tensors) if t.untyped_storage()._cdata == record.key), None)
         if out_index is None:
             return  # a wrapper subclass's inner storage: not replayable as one output

@@ -75,7 +75,7 @@ def assert_mostly_on_plan_within_budget(report, budget: int) -> None:
     assert sum(report.offloaded_bytes.values()) > 0
 
 
-RANDOM_WORDS = ("dropout", "bernoulli", "rand", "normal", "uniform", "multinomial")
+RANDOM_WORDS = ("dropout", "bernoulli", "rand", "normal", "uniform", "multinomial", "poisson", "attention")  # attention: seeded
 
 
 def as_recompute_plan(trace: Trace, plan: Plan) -> Plan:

@@ -139,7 +139,8 @@ def test_inspect_diff_and_view_show_the_replays(work):
     entry = next(e for e in load_plan(tmp / "replay.json").entries if e.tier == "recompute")
     assert entry.reason.startswith("recompute: replay ") and f"at kernel {entry.produced_at}" in entry.reason
     shown = ok(teraio("inspect", tmp / "replay.json", cwd=tmp)).stdout
-    assert "made again by replaying" in shown
+    replays = sum(1 for e in load_plan(tmp / "replay.json").entries if e.tier == "recompute")
+    assert "made again by replaying" in shown and f"in {replays} replays" in " ".join(shown.split())
     assert "recompute (kernel" in ok(teraio("diff", tmp / "moves.json", tmp / "replay.json", cwd=tmp)).stdout
     diff = json.loads(ok(teraio("diff", tmp / "moves.json", tmp / "replay.json", "--json", cwd=tmp)).stdout)
     added = [e for e in diff["added"] if e["tier"] == "recompute"]
@@ -185,6 +186,22 @@ def test_a_trace_without_write_information_plans_no_replay():
     assert not any(e.tier == "recompute" for e in make_plan(trace, inputs).entries)
     trace.use_writes = np.zeros(len(trace.use_kernels), dtype=bool)
     assert any(e.tier == "recompute" for e in make_plan(trace, inputs).entries)
+
+
+
+@pytest.mark.parametrize("op", ["poisson", "_standard_gamma", "binomial", "exponential", "_cudnn_rnn"])
+def test_an_op_that_draws_random_numbers_is_never_replayed(op):
+    """Replayed, it would draw other numbers (the plan chose torch.poisson's output before):
+    training would part from the plain run. A deterministic op in its place is replayed."""
+    durations = [100.0] * 10
+    durations[1] = 300.0
+    tensors = [T("w", 64 * MiB, [1, 8]), T("x", 256 * MiB, [1, 8], Kind.activation, born=1, freed=9),
+               T("y", 128 * MiB, [3, 5], Kind.activation, born=3, freed=6)]
+    for name, replayed in ((op, False), ("sigmoid", True)):
+        trace = make_trace(durations, tensors, ops=["mm", name] + ["mm"] * 8)
+        trace.use_writes = np.zeros(len(trace.use_kernels), dtype=bool)
+        inputs = planner_inputs(trace, gpu_mem_bytes=320 * MiB, num_ssds=0, host_mem_bytes=2**30, host_gbps=0.01)
+        assert any(e.tier == "recompute" for e in make_plan(trace, inputs).entries) == replayed, name
 
 
 def _chain_trace():

@@ -30,6 +30,43 @@ def test_replayed_activations_train_identically_and_cross_no_link(work, tmp_path
     assert report.written_bytes["recompute"] == 0 and report.prefetched_bytes["recompute"] > 0
 
 
+TRAIN_LOOP = """
+torch.manual_seed(0)
+model = {model}()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    loss = model(torch.randn(32, 64))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"loss {{loss.item():.10f}}")
+"""
+
+
+def run_one_replay(tmp_path, module_text: str, model: str, op_word: str, period):
+    """Profiles a small job (module_text's `model`, trained by TRAIN_LOOP), plans one recompute
+    entry for the output of the op named op_word over period(trace, tensor) = (offload_after,
+    needed_by), runs it under teraio and plainly; returns (report, losses under teraio, plain losses)."""
+    script = tmp_path / "job.py"
+    script.write_text(module_text + TRAIN_LOOP.format(model=model))
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, script, cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    t = next(t for t, name in enumerate(trace.tensor_id) if op_word in name)
+    assert Kind(trace.kind[t]) == Kind.activation
+    after, needed = period(trace, t)
+    entry = PlanEntry(tensor=trace.tensor_id[t], name=trace.tensor_name[t], kind="activation",
+                      nbytes=int(trace.nbytes[t]), tier="recompute", produced_at=int(trace.born[t]),
+                      offload_after=after, offload_by=after, prefetch_at=needed, needed_by=needed,
+                      wraps=False, reason=f"test: a replay of {op_word}")
+    plan = every_period_plan(trace, budget_bytes=10 * peak_bytes(trace))
+    save_plan(plan.model_copy(update={"entries": [entry]}), tmp_path / "plan.json")
+    run = ok(teraio("run", "--plan", tmp_path / "plan.json", "--report", tmp_path / "r.json", "--", PYTHON, script,
+                    cwd=tmp_path))
+    plain = ok(subprocess.run([PYTHON, script], capture_output=True, text=True, cwd=tmp_path))
+    losses = [line for line in run.stdout.splitlines() if line.startswith("loss")]
+    return load_report(tmp_path / "r.json"), losses, plain.stdout.splitlines()
+
+
 WRITES_AN_INPUT = """
 import torch
 
@@ -46,40 +83,19 @@ class WritesAnInput(torch.nn.Module):
         h.add_(1.0)                  # writes h while g is out: g must be replayed before this
         return (g * h).sum() + z
 
-
-torch.manual_seed(0)
-model = WritesAnInput()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(6):
-    loss = model(torch.randn(32, 64))
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    print(f"loss {loss.item():.10f}")
 """
 
 
+def _across_the_write(trace, t):
+    """The use of t before the job's add_ and the one after it."""
+    uses = sorted(set(int(k) for k in trace.uses(t)))
+    write = next(k for k in range(int(trace.born[t]), trace.num_kernels) if trace.op_name(k).endswith("add_"))
+    return max(k for k in uses if k < write), min(k for k in uses if k > write)
+
+
 def test_an_op_that_writes_an_input_of_a_released_tensor_replays_it_first(tmp_path):
-    script = tmp_path / "writes_input.py"
-    script.write_text(WRITES_AN_INPUT)
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, script, cwd=tmp_path))
-    trace = load_trace(tmp_path / "t.msgpack")
-    g = next(t for t, name in enumerate(trace.tensor_id) if "sigmoid" in name)
-    uses = sorted(set(int(k) for k in trace.uses(g)))
-    write = next(k for k in range(int(trace.born[g]), trace.num_kernels) if trace.op_name(k).endswith("add_"))
-    before, after = max(k for k in uses if k < write), min(k for k in uses if k > write)
-    assert Kind(trace.kind[g]) == Kind.activation
-    entry = PlanEntry(tensor=trace.tensor_id[g], name=trace.tensor_name[g], kind="activation",
-                      nbytes=int(trace.nbytes[g]), tier="recompute", produced_at=int(trace.born[g]),
-                      offload_after=before, offload_by=before, prefetch_at=after, needed_by=after,
-                      wraps=False, reason="test: replay across a write of its input")
-    plan = every_period_plan(trace, budget_bytes=10 * peak_bytes(trace))
-    save_plan(plan.model_copy(update={"entries": [entry]}), tmp_path / "plan.json")
-    run = ok(teraio("run", "--plan", tmp_path / "plan.json", "--report", tmp_path / "r.json", "--", PYTHON, script,
-                    cwd=tmp_path))
-    plain = ok(subprocess.run([PYTHON, script], capture_output=True, text=True, cwd=tmp_path))
-    assert [line for line in run.stdout.splitlines() if line.startswith("loss")] == plain.stdout.splitlines()
-    report = load_report(tmp_path / "r.json")
+    report, losses, plain = run_one_replay(tmp_path, WRITES_AN_INPUT, "WritesAnInput", "sigmoid", _across_the_write)
+    assert losses == plain
     assert report.iterations_on_plan >= 3
     assert report.prefetched_bytes["recompute"] == report.offloaded_bytes["recompute"] > 0
     assert report.stall_ms_by_cause.get("replay_before_write", 0) > 0
@@ -116,3 +132,37 @@ def test_without_clean_copies_replays_move_to_the_host_pool_and_say_so(work, tmp
     assert sum(row.replay_fallbacks for row in report.per_iteration) >= 3 * sum(
         e.tier == "recompute" for e in plan.entries)
     assert "recompute entries moved to the host pool instead" in proc.stderr
+
+
+DRAWS_RANDOM_NUMBERS = """
+import torch
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 64) / 8)
+
+    def forward(self, x):
+        h = x @ self.w
+        r = torch.sigmoid(h)      # kept for sigmoid's backward: alive when n would be replayed
+        n = torch.poisson(r)      # random: a replay draws other numbers and moves the generator on
+        return ((h * n) + r).square().mean()   # n is saved for mul's backward: idle until then
+
+"""
+
+
+def _first_and_last_use(trace, t):
+    uses = sorted(set(int(k) for k in trace.uses(t)) - {int(trace.born[t])})
+    return uses[0], uses[-1]
+
+
+def test_a_plan_that_replays_a_random_op_moves_it_to_the_host_pool_instead(tmp_path):
+    """`teraio plan` once chose to replay torch.poisson's output here (0.05 GB/s, half the peak):
+    the replay drew other numbers and the losses parted from the plain run's at the fourth step.
+    Whatever a plan says, an op that draws random numbers is not replayed."""
+    report, losses, plain = run_one_replay(tmp_path, DRAWS_RANDOM_NUMBERS, "Noisy", "poisson", _first_and_last_use)
+    assert losses == plain
+    planned = [row for row in report.per_iteration if row.followed_plan]
+    assert len(planned) >= 3 and all(row.replay_fallbacks == 1 for row in planned)
+    assert report.prefetched_bytes["recompute"] == 0 and report.offloaded_bytes["host"] > 0

@@ -104,8 +104,10 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
         out.print(f"  {format_bytes(plan.header.prediction.clean_bytes_per_iteration)} per iteration leave without "
                   "a copy (clean: the host pool holds a current one)")
     if s["recompute_bytes_per_iteration"]:
+        replays = sum(1 for entry in plan.entries if entry.tier == "recompute")
         out.print(f"  {format_bytes(s['recompute_bytes_per_iteration'])} per iteration made again by replaying "
-                  f"their op ({format_ms(s['recompute_ms_per_iteration'])} of kernels) instead of moved")
+                  f"their op in {replays} replays ({format_ms(s['recompute_ms_per_iteration'])} of kernels) "
+                  "instead of moved")
     table = Table("tensor", "tier", "size", "out after", "back at", "needed by",
                   title=f"Largest of {len(plan.entries)} entries (each one's reason is in the file)",
                   title_justify="left")
