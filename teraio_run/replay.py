@@ -90,9 +90,7 @@ class ReplayTier:
         self._slot_of_key: dict[int, int] = {}
         self.dependents: dict[int, set[int]] = {}   # input storage key -> keys of released storages
         self._next_slot = 0
-        self.replayed_bytes = 0
-        self.replay_s = 0.0
-        self.fallbacks = 0                     # recompute entries moved to the host pool instead
+        self.replay_s = 0.0                    # host time in replays (the report's replay_ms)
 
     # ----- capture, by the agent -----------------------------------------------------------
     def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list, replays: int) -> None:
@@ -152,7 +150,6 @@ class ReplayTier:
         if call.replays_left > 0:
             self.pending[call.record.key] = call   # its next idle period replays it again
         t1 = time.perf_counter()
-        self.replayed_bytes += storage.nbytes()
         self.replay_s += t1 - t0
         return Transfer(REPLAY_PATH, storage.nbytes(), interval=(t0, t1))
 
