@@ -727,46 +727,25 @@ class OpWalk(TorchDispatchMode):
             record.collective = mark
         self._waited = []
 
-    def _records_of(self, leaves, func, label, create: bool = True) -> list[StorageRecord]:
+    def _records_of(self, leaves, func, label, create: bool = True, held: bool = False) -> list[StorageRecord]:
         """The records of the storages these tensors hold, deduplicated, in order; made for
-        storages met for the first time unless `create` is False."""
+        storages met for the first time unless `create` is False. A subclass among them (rare,
+        so found on the way) restarts with the tensors that hold their bytes (`held`: Note
+        [Tensor subclasses])."""
         records, seen = [], set()
         index = 0
         on_device, by_key = self._on_device, self.records
         for leaf in leaves:
-            if type(leaf) not in _PLAIN_TENSORS:  # Note [Tensor subclasses]: rare, so checked on the way
-                return self._records_of_held(leaves, func, label, create)
-            if not on_device(leaf):
-                continue
-            index += 1
-            try:
-                key = leaf.untyped_storage()._cdata
-            except (RuntimeError, NotImplementedError):
-                continue  # sparse and other storage-less tensors are not ours to move
-            if key in seen:
-                continue
-            seen.add(key)
-            record = by_key.get(key)
-            if record is None:
-                if not create:
-                    continue
-                record = self._new_record(key, leaf, leaf.untyped_storage(), func, label or str(index - 1))
-            records.append(record)
-        return records
-
-    def _records_of_held(self, leaves, func, label, create: bool) -> list[StorageRecord]:
-        """_records_of for tensors among which is a subclass: the storages of the tensors that
-        hold their bytes (Note [Tensor subclasses])."""
-        records, seen = [], set()
-        index = 0
-        on_device = self._on_device
-        for leaf in [inner for leaf in leaves for inner in storage_holders(leaf)]:
+            plain = type(leaf) in _PLAIN_TENSORS
+            if not plain and not held:
+                holders = [inner for leaf in leaves for inner in storage_holders(leaf)]
+                return self._records_of(holders, func, label, create, held=True)
             if not on_device(leaf):
                 continue
             index += 1
             try:
                 storage = leaf.untyped_storage()
-                if type(leaf) not in _PLAIN_TENSORS:
+                if not plain:
                     storage.data_ptr()  # a wrapper subclass that owns no memory raises here
             except (RuntimeError, NotImplementedError):
                 continue  # sparse and other storage-less tensors are not ours to move
@@ -774,7 +753,7 @@ class OpWalk(TorchDispatchMode):
             if key in seen:
                 continue
             seen.add(key)
-            record = self.records.get(key)
+            record = by_key.get(key)
             if record is None:
                 if not create:
                     continue
