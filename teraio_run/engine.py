@@ -103,6 +103,9 @@ class Stats:
     oom_retries: int = 0
     other_tier_bytes: int = 0  # offloads placed on the SSD tier: the host pool had no room
     offloaded_bytes_by_kind: dict = field(default_factory=dict)  # parameter, gradient, ... -> bytes
+    copies_issued: int = 0       # copies out and in started on the job's thread (replays not counted)
+    copy_issue_ms: float = 0.0   # host time starting them, re-allocations for copies in included
+    restore_alloc_ms: float = 0.0  # host time re-allocating device memory to bring storages back (replays too)
 
     def stall(self, cause: str, tensor_id: str, seconds: float) -> None:
         self.stall_count += 1
@@ -213,7 +216,9 @@ class MigrationEngine:
             return False
         tier, slot = placed
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
+        t0 = time.perf_counter()
         moved.transfer = self._track(tier.copy_out(storage, slot))
+        self._count_issue(tier, time.perf_counter() - t0)
         moved.writes = record.writes
         self.stats.written_bytes[tier.name] += moved.transfer.nbytes   # none for a replay
         self.moved[record.key] = moved
@@ -350,12 +355,16 @@ class MigrationEngine:
             self.ensure_resident(needed, "replay_input")
         storage = record.storage()
         assert storage is not None, "an offloaded storage that is still referenced must be alive"
+        t0 = time.perf_counter()
         storage.resize_(moved.nbytes)
+        t1 = time.perf_counter()
+        self.stats.restore_alloc_ms += (t1 - t0) * 1e3
         try:
             transfer = moved.tier.copy_in(storage, moved.slot, moved.transfer)
         except torch.OutOfMemoryError:  # a replay's own output found no room: still out, as before
             storage.resize_(0)
             raise
+        self._count_issue(moved.tier, time.perf_counter() - t0)
         self.offloaded_now -= moved.nbytes
         self.restored_bytes += moved.nbytes
         moved.storage = storage
@@ -407,6 +416,12 @@ class MigrationEngine:
         """Free the pool slots of finished copy-ins, oldest first (one stream: in order)."""
         while self.releasing and self.releasing[0].transfer.done():
             self._release_slot(self.releasing.popleft())
+
+    def _count_issue(self, tier, seconds: float) -> None:
+        """Host time starting a copy, for the report (a replay's time is counted as replay time)."""
+        if tier.name != "recompute":
+            self.stats.copies_issued += 1
+            self.stats.copy_issue_ms += seconds * 1e3
 
     def _track(self, transfer: Transfer) -> Transfer:
         self.in_flight.append(transfer)

@@ -3,6 +3,8 @@ went, and whether the plan was followed: what tells a plan problem from a runtim
 
 import time
 
+import torch
+
 
 class IterationLog:
     """Reads the engine's and the walk's running totals at each iteration end and keeps the
@@ -40,7 +42,19 @@ class IterationLog:
                 "other_tier_bytes": stats.other_tier_bytes,
                 "copy_busy_ms": sum(engine.meter.busy_s.values()) * 1e3,
                 "walk_ms": host_s["walk"] * 1e3, "op_launch_ms": host_s["ops"] * 1e3,
-                "replay_ms": self._replay_s() * 1e3}
+                "replay_ms": self._replay_s() * 1e3, "copies_issued": stats.copies_issued,
+                "copy_issue_ms": stats.copy_issue_ms, "restore_alloc_ms": stats.restore_alloc_ms,
+                **self._allocator_counts()}
+
+    def _allocator_counts(self) -> dict:
+        """The CUDA caching allocator's slow paths: a sync of every stream (it frees cached
+        blocks to stay under the cap, and the host waits for the device to drain) and an
+        allocation retried after such a free."""
+        if not self.engine.cuda:
+            return {}
+        stats = torch.cuda.memory_stats()
+        return {"allocator_syncs": stats.get("num_sync_all_streams", 0),
+                "alloc_retries": stats.get("num_alloc_retries", 0)}
 
     def _replay_s(self) -> float:
         replay = self.engine.tiers["recompute"]

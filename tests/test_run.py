@@ -80,6 +80,11 @@ def test_every_idle_period_through_both_tiers_trains_identically(work, tmp_path)
     assert all(report.achieved_gbps.get(path, 0) > 0 for path in ("d2h", "h2d", "d2s", "s2d"))
     planned = [row for row in report.per_iteration if row.followed_plan]
     assert all(0 < row.copy_busy_ms for row in planned)  # what tells a link-bound iteration
+    # what tells a thread busy starting copies: every planned offload starts one, and that time is
+    # part of the walk's; on the CPU no caching allocator synchronizes
+    assert all(row.copies_issued >= row.planned_offloads > 0 for row in planned)
+    assert all(0 < row.restore_alloc_ms <= row.copy_issue_ms < row.walk_ms for row in planned)
+    assert all(row.allocator_syncs == 0 for row in report.per_iteration)
     # each iteration's peak (teraio view draws them): counted, within the budget, the run's the highest
     peaks = [row.resident_peak_bytes for row in report.per_iteration]
     assert all(0 < peak <= report.budget_bytes for peak in peaks) and max(peaks) == report.peak_device_bytes

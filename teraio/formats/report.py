@@ -53,6 +53,14 @@ class IterationRow(Strict):
                                   "was not captured, or it or an input was written since (teraio_run/replay.py)")
     replay_ms: float = Field(0.0, description="host time replaying ops for recompute entries (on a GPU: launching "
                              "them; on the CPU: running them)")
+    copies_issued: int = Field(0, description="copies out and in the job's thread started (replays not counted)")
+    copy_issue_ms: float = Field(0.0, description="host time starting those copies, re-allocating device memory "
+                                 "for copies in included (part of walk_ms)")
+    restore_alloc_ms: float = Field(0.0, description="host time re-allocating device memory to bring storages "
+                                    "back, replays included (part of walk_ms)")
+    allocator_syncs: int = Field(0, description="times the CUDA caching allocator synchronized every stream to "
+                                 "free cached blocks (the host waits for the device to drain); 0 on the CPU")
+    alloc_retries: int = Field(0, description="CUDA allocations retried after freeing cached blocks; 0 on the CPU")
 
 
 class RunReport(Strict):
