@@ -91,6 +91,7 @@ class ReplayTier:
         self.dependents: dict[int, set[int]] = {}   # input storage key -> keys of released storages
         self._next_slot = 0
         self.replay_s = 0.0                    # host time in replays (the report's replay_ms)
+        self.replays = 0                       # ops replayed (the report's replays)
 
     # ----- capture, by the agent -----------------------------------------------------------
     def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list, replays: int) -> None:
@@ -151,6 +152,7 @@ class ReplayTier:
             self.pending[call.record.key] = call   # its next idle period replays it again
         t1 = time.perf_counter()
         self.replay_s += t1 - t0
+        self.replays += 1
         return Transfer(REPLAY_PATH, storage.nbytes(), interval=(t0, t1))
 
     def release(self, slot: int, nbytes: int) -> None:
