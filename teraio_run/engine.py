@@ -105,6 +105,8 @@ class Stats:
     offloaded_bytes_by_kind: dict = field(default_factory=dict)  # parameter, gradient, ... -> bytes
     copies_issued: int = 0       # copies out and in started on the job's thread (replays not counted)
     copy_issue_ms: float = 0.0   # host time starting them, re-allocations for copies in included
+    replays: int = 0             # ops replayed for recompute entries (teraio_run/replay.py)
+    replay_ms: float = 0.0       # host time replaying them, re-allocating their outputs included
     restore_alloc_ms: float = 0.0  # host time re-allocating device memory to bring storages back (replays too)
 
     def stall(self, cause: str, tensor_id: str, seconds: float) -> None:
@@ -418,8 +420,11 @@ class MigrationEngine:
             self._release_slot(self.releasing.popleft())
 
     def _count_issue(self, tier, seconds: float) -> None:
-        """Host time starting a copy, for the report (a replay's time is counted as replay time)."""
-        if tier.name != "recompute":
+        """Host time starting a copy or a replay, for the report."""
+        if tier.name == "recompute":
+            self.stats.replays += 1
+            self.stats.replay_ms += seconds * 1e3
+        else:
             self.stats.copies_issued += 1
             self.stats.copy_issue_ms += seconds * 1e3
 

@@ -42,7 +42,7 @@ class IterationLog:
                 "other_tier_bytes": stats.other_tier_bytes,
                 "copy_busy_ms": sum(engine.meter.busy_s.values()) * 1e3,
                 "walk_ms": host_s["walk"] * 1e3, "op_launch_ms": host_s["ops"] * 1e3,
-                **self._replay_totals(), "copies_issued": stats.copies_issued,
+                "replays": stats.replays, "replay_ms": stats.replay_ms, "copies_issued": stats.copies_issued,
                 "copy_issue_ms": stats.copy_issue_ms, "restore_alloc_ms": stats.restore_alloc_ms,
                 **self._allocator_counts()}
 
@@ -55,11 +55,6 @@ class IterationLog:
         stats = torch.cuda.memory_stats()
         return {"allocator_syncs": stats.get("num_sync_all_streams", 0),
                 "alloc_retries": stats.get("num_alloc_retries", 0)}
-
-    def _replay_totals(self) -> dict:
-        replay = self.engine.tiers["recompute"]
-        return {"replay_ms": 0.0 if replay is None else replay.replay_s * 1e3,
-                "replays": 0 if replay is None else replay.replays}
 
     def _host_pool_peak(self) -> int:
         """The most the host pool held during this iteration (then the count starts over)."""

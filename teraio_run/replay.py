@@ -90,8 +90,6 @@ class ReplayTier:
         self._slot_of_key: dict[int, int] = {}
         self.dependents: dict[int, set[int]] = {}   # input storage key -> keys of released storages
         self._next_slot = 0
-        self.replay_s = 0.0                    # host time in replays (the report's replay_ms)
-        self.replays = 0                       # ops replayed (the report's replays)
 
     # ----- capture, by the agent -----------------------------------------------------------
     def capture(self, record, func, args, kwargs, out_tensors: list, input_records: list, replays: int) -> None:
@@ -150,10 +148,7 @@ class ReplayTier:
         call.replays_left -= 1
         if call.replays_left > 0:
             self.pending[call.record.key] = call   # its next idle period replays it again
-        t1 = time.perf_counter()
-        self.replay_s += t1 - t0
-        self.replays += 1
-        return Transfer(REPLAY_PATH, storage.nbytes(), interval=(t0, t1))
+        return Transfer(REPLAY_PATH, storage.nbytes(), interval=(t0, time.perf_counter()))
 
     def release(self, slot: int, nbytes: int) -> None:
         call = self.slots.pop(slot, None)

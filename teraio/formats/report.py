@@ -51,8 +51,8 @@ class IterationRow(Strict):
                                   "for the rest of the iteration (-1: not paused)")
     replay_fallbacks: int = Field(0, description="recompute entries moved to the host pool instead: the op's call "
                                   "was not captured, or it or an input was written since (teraio_run/replay.py)")
-    replay_ms: float = Field(0.0, description="host time replaying ops for recompute entries (on a GPU: launching "
-                             "them; on the CPU: running them)")
+    replay_ms: float = Field(0.0, description="host time replaying ops for recompute entries, re-allocating their "
+                             "outputs included (on a GPU: launching them; on the CPU: running them)")
     replays: int = Field(0, description="ops replayed for recompute entries")
     copies_issued: int = Field(0, description="copies out and in the job's thread started (replays not counted)")
     copy_issue_ms: float = Field(0.0, description="host time starting those copies, re-allocating device memory "
