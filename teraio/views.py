@@ -74,7 +74,8 @@ def tier_label(entry) -> str:
     return f"{entry.tier} (clean)" if entry.clean else entry.tier
 
 
-MEASURED_UNITS = {"host_us_per_kernel": " us host time per kernel", "host_gbps": " GB/s host", "pcie_gbps": " GB/s link",
+MEASURED_UNITS = {"host_us_per_kernel": " us host time per kernel", "host_us_per_copy": " us per copy started",
+                  "host_us_per_replay": " us per replay", "host_gbps": " GB/s host", "pcie_gbps": " GB/s link",
                   "ssd_read_gbps": " GB/s per SSD read", "ssd_write_gbps": " GB/s per SSD write",
                   "kernel_time_scale": "x the trace's kernel times"}
 

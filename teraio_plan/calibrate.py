@@ -10,14 +10,25 @@ plan:
   bytes-weighted rate of d2h and h2d (the model has one figure for both), the SSD's the
   run's aggregate rate divided among --ssds (the run is assumed to have striped over as
   many swap folders as the plan gives drives);
-- the host time of the job's thread per kernel, median over those iterations: on a GPU the
-  walk and the agent (stalls taken out) plus the time inside the ops' calls (PyTorch's launch
-  cost); the job's own Python between ops is not separable from waiting for the device there
-  and is left out. On the CPU, where the thread runs the kernels itself, everything but the
-  time inside the ops and the stalls (the walk, the job's Python, the dispatch). The simulator makes the device wait for a thread slower than its kernels
-  (Note [Host-bound kernels] in simulator.py). It is a cost per kernel at the calibrating
-  plan's density of actions: a plan at another budget moves more or fewer tensors, so
-  calibrate again from a run of it when the prediction must hold closely;
+- the host time of the job's thread, medians over those iterations, per action and per kernel,
+  so that a plan at another budget (more or fewer copies and replays) is charged for its own
+  actions (Note [Host-bound kernels] in simulator.py): host_us_per_copy, the time starting a
+  copy out or in (device re-allocation included) per copy; host_us_per_replay, the time
+  replaying an op per replay (on a GPU: launching it); host_us_per_kernel, the rest per
+  kernel. On a GPU that rest is the walk and the agent, stalls, copies and replays taken out,
+  plus the time inside the ops' calls (PyTorch's launch cost); the job's own Python between
+  ops is not separable from waiting for the device there and is left out. On the CPU, where
+  the thread runs the kernels itself, it is everything but the time inside the ops, the
+  stalls, the copies and the replays (the walk, the job's Python, the dispatch). A CPU replay
+  runs the op itself, whose time the simulator already puts on the compute timeline (the
+  producer's traced time times kernel_time_scale, Note [Replays] in simulator.py):
+  host_us_per_replay is not measured there and replay time is left out of the rest too (on the
+  example, 93 replays took 14.6 ms an iteration, ~8 ms of it the ops' own run by their share
+  of the traced kernel time: the remainder, ~70 us a replay of re-allocation and bookkeeping,
+  is not charged). A copy started inside a stall counts in both; the rest is floored at 0. A
+  report from before copies and replays were counted (0; older reports timed replays without
+  counting them) gives host_us_per_kernel alone, with the actions in it, at the calibrating
+  plan's density of actions: calibrate again from a run of the plan you make;
 - on the CPU, where the thread runs the kernels itself, their time too: the run's time inside
   the ops over the trace's kernel time scales the replayed kernels (kernel_time_scale; the
   profiler's kernels took ~1.6x the run's on the example, and more when the box was busier
@@ -53,7 +64,7 @@ def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: se
                          f"({report.iterations} ran): {_why_unplanned(report)}")
     measured = _measured_rates(report, inputs.num_ssds)
     on_cpu = report.header.device == "cpu"
-    measured["host_us_per_kernel"] = _host_us_per_kernel(rows, on_cpu)
+    measured.update(_host_us(rows, on_cpu))
     if on_cpu and trace.duration_us.sum() > 0:  # the kernels' own time, measured where the thread runs them
         measured["kernel_time_scale"] = median(row.op_launch_ms for row in rows) * 1e3 / float(trace.duration_us.sum())
     if measured.get("host_gbps", 0) > inputs.pcie_gbps:
@@ -79,13 +90,26 @@ def _why_unplanned(report: RunReport) -> str:
     return "run the job for more steps (at least 3) under the plan, then calibrate again"
 
 
-def _host_us_per_kernel(rows: list, on_cpu: bool) -> float:
-    """Note [Calibration]: the thread's time per kernel, stalls out."""
-    def per_kernel_us(row) -> float:
-        if on_cpu:  # all of the iteration but the kernels (inside the ops) and the stalls
-            return (row.ms - row.op_launch_ms - row.stall_ms) * 1e3 / row.kernels
-        return (row.walk_ms - row.stall_ms + row.op_launch_ms) * 1e3 / row.kernels
-    return median(per_kernel_us(row) for row in rows)
+def _host_us(rows: list, on_cpu: bool) -> dict[str, float]:
+    """Note [Calibration]: the thread's time per kernel, per copy and per replay."""
+    host_us = {"host_us_per_kernel": median(_per_kernel_us(row, on_cpu) for row in rows)}
+    per_copy_us = [row.copy_issue_ms * 1e3 / row.copies_issued for row in rows if row.copies_issued]
+    if per_copy_us:
+        host_us["host_us_per_copy"] = median(per_copy_us)
+    per_replay_us = [row.replay_ms * 1e3 / row.replays for row in rows if row.replays]
+    if per_replay_us and not on_cpu:  # on the CPU a replay is mostly the op's run: the device's time
+        host_us["host_us_per_replay"] = median(per_replay_us)
+    return host_us
+
+
+def _per_kernel_us(row, on_cpu: bool) -> float:
+    """The thread's time per kernel but for stalls, copies and replays (charged per action).
+    A report from before they were counted (copies_issued, replays 0) keeps them in here."""
+    replay_ms = row.replay_ms if row.replays else 0.0   # older reports timed replays without counting them
+    actions_ms = row.stall_ms + row.copy_issue_ms + replay_ms
+    if on_cpu:  # all of the iteration but the kernels (inside the ops)
+        return max(0.0, row.ms - row.op_launch_ms - actions_ms) * 1e3 / row.kernels
+    return max(0.0, row.walk_ms - actions_ms + row.op_launch_ms) * 1e3 / row.kernels
 
 
 def _measured_rates(report: RunReport, num_ssds: int) -> dict[str, float]:

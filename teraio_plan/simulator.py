@@ -16,9 +16,13 @@ We replay two iterations and measure the second: the first one warms the wrap-ar
 traffic (globals offloaded at the end of iteration i come back in iteration i+1).
 
 Note [Host-bound kernels]
-The job's thread issues kernel k some host time after kernel k-1 (PyTorch's launch, our walk
-and the plan's actions: PlannerInputs.host_us_per_kernel, measured by a run, `teraio plan
---calibrate`); the device runs it once it is issued and the one before has finished. While
+The job's thread issues kernel k some host time after kernel k-1; the device runs it once it
+is issued and the one before has finished. That time is PyTorch's launch and our walk
+(PlannerInputs.host_us_per_kernel), plus host_us_per_copy for each copy started since kernel
+k-1 (an offload after k-1 that copies, a prefetch before k; a clean or recompute release
+starts none) and host_us_per_replay for each replay before k; all measured by a run (`teraio
+plan --calibrate`, Note [Calibration]), so a plan with more actions than the calibrating one
+costs more host time (a prefetch that cancels a running offload starts none). While
 kernels are longer than that the thread runs ahead and its time is hidden; a run of short
 kernels waits for it (the small-batch jobs of issue 16: 7,994 kernels, 173 ms plainly, ~1.2 s
 under a plan whose link time was ~0.3 s). A stall is a wait on the thread too: it issues
@@ -77,6 +81,7 @@ class SimResult:
     bytes_by_path: dict[str, int]
     cancelled_offloads: int
     replay_ms: float = 0.0      # kernel time spent replaying recompute entries (Note [Replays])
+    host_ms: float = 0.0        # the job's thread's charged time (Note [Host-bound kernels]), hidden or not
 
     @property
     def share_of_ideal(self) -> float:
@@ -143,6 +148,9 @@ class _Sim:
         self.num_k = trace.num_kernels
         self.duration_us = trace.duration_us.astype(np.float64) * inputs.kernel_time_scale
         self.host_us_per_kernel = inputs.host_us_per_kernel
+        self.host_us_per_copy, self.host_us_per_replay = inputs.host_us_per_copy, inputs.host_us_per_replay
+        self.actions_host_us = 0.0  # the plan's actions since the last kernel was issued
+        self.host_us = 0.0          # the thread's charged time, for SimResult.host_ms
         self.synchronous = trace.header.device.type == "cpu"   # Note [Host-bound kernels]
         self.demand_bytes = memory_curve(trace, inputs.headroom_bytes)
         self.budget_bytes = inputs.budget_bytes
@@ -197,6 +205,7 @@ class _Sim:
         self.seq += 1
         key = (deadline, int(outbound), self.seq)
         tr = _Transfer(inst.nbytes, path, "out" if outbound else "in", key, outbound, owner=inst)
+        self.actions_host_us += self.host_us_per_copy  # Note [Host-bound kernels]
         self._settle(self.clock_us)
         self._insert(tr)
         self._assign_rates()
@@ -277,6 +286,7 @@ class _Sim:
             inst.away = False
             self.offloaded_bytes -= inst.nbytes
             self.replayed_us += inst.replay_us
+            self.actions_host_us += self.host_us_per_replay  # Note [Host-bound kernels]
             self._advance(self.clock_us + inst.replay_us)
 
     def _prefetch(self, inst: _Instance, deadline: int) -> None:
@@ -348,10 +358,13 @@ class _Sim:
     def _issue_kernel(self, issued_us: float, waited: bool) -> float:
         """Note [Host-bound kernels]: when the thread issues the next kernel; the device
         clock waits for it."""
-        if not self.host_us_per_kernel:
+        host_us, self.actions_host_us = self.host_us_per_kernel + self.actions_host_us, 0.0
+        if self.measuring:
+            self.host_us += host_us
+        if not host_us:
             return issued_us
         waited = waited or self.synchronous
-        issued_us = (max(issued_us, self.clock_us) if waited else issued_us) + self.host_us_per_kernel
+        issued_us = (max(issued_us, self.clock_us) if waited else issued_us) + host_us
         if issued_us > self.clock_us:
             self._advance(issued_us)
         return issued_us
@@ -383,7 +396,7 @@ class _Sim:
             stall_ms=stall_us / 1e3, input_stalls=stalls[0], memory_stalls=stalls[1],
             peak_bytes=int(memory_bytes.max()) if n else 0, budget_bytes=self.budget_bytes, memory_bytes=memory_bytes,
             bytes_by_path=self.bytes_by_path, cancelled_offloads=self.cancelled,
-            replay_ms=(self.replayed_us - measured_from_us) / 1e3,
+            replay_ms=(self.replayed_us - measured_from_us) / 1e3, host_ms=self.host_us / 1e3,
         )
 
 

@@ -5,15 +5,19 @@ report, plan again from the report (Note [Calibration] in teraio_plan/calibrate.
 """
 
 import json
+from statistics import median
 
 import pytest
 
 from teraio.formats.plan import load_plan
-from teraio.formats.report import load_report
+from teraio.formats.report import IterationRow, load_report, save_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import EXAMPLE, PYTHON, ok, one_line_error, teraio
+from teraio_plan import planner_inputs, simulate
+from teraio_plan.calibrate import calibrated
+from cli_helpers import EXAMPLE, PYTHON, ROOT, ok, one_line_error, teraio
 
 ARGS = ("--device", "cpu", "--steps", "6")
+GiB = 2**30
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +78,111 @@ def test_a_report_without_planned_iterations_says_to_run_longer(work):
     line = one_line_error(teraio("plan", tmp / "trace.msgpack", *plan_args, "--calibrate",
                                  tmp / "unplanned.json", "-o", tmp / "no.json", cwd=tmp), 2)
     assert "no iteration that followed its plan" in line and "more steps" in line
+
+
+def _calibrated_plan(tmp, plan_args, budget_bytes, report, name):
+    args = ("--gpu-mem", budget_bytes, *plan_args[2:])
+    ok(teraio("plan", tmp / "trace.msgpack", *args, "--calibrate", tmp / report, "-o", tmp / name, cwd=tmp))
+    return load_plan(tmp / name)
+
+
+def _copies(plan) -> int:
+    """Copies a plan starts per iteration: out and in for a move, in only for a clean entry."""
+    return sum(1 if e.clean else 2 for e in plan.entries if e.tier != "recompute")
+
+
+def test_a_plan_with_more_copies_than_the_calibrating_one_is_charged_for_them(work):
+    """Note [Host-bound kernels]: the thread's time is per kernel plus per copy, so a plan at a
+    lower budget than the calibrating run's is charged for the copies it adds."""
+    tmp, plan_args = work
+    trace = load_trace(tmp / "trace.msgpack")
+    budget_bytes = int(plan_args[1])
+    same = _calibrated_plan(tmp, plan_args, budget_bytes, "run.json", "same.json")
+    lower = _calibrated_plan(tmp, plan_args, budget_bytes * 2 // 3, "run.json", "lower.json")
+    inputs = same.header.inputs
+    assert inputs.host_us_per_copy == inputs.calibration.measured["host_us_per_copy"] > 0
+    assert _copies(lower) > _copies(same)
+    for plan in (same, lower):
+        expected_ms = (trace.num_kernels * inputs.host_us_per_kernel + _copies(plan) * inputs.host_us_per_copy) / 1e3
+        assert simulate(trace, plan).host_ms == pytest.approx(expected_ms)
+    assert simulate(trace, lower).host_ms > simulate(trace, same).host_ms
+
+
+def _old_report(tmp):
+    """run.json as a runtime from before copies and replays were counted wrote it."""
+    raw = json.loads((tmp / "run.json").read_text())
+    for row in raw["per_iteration"]:
+        for key in ("copies_issued", "copy_issue_ms", "replays", "replay_ms", "restore_alloc_ms",
+                    "allocator_syncs", "alloc_retries"):
+            row.pop(key, None)
+    (tmp / "old.json").write_text(json.dumps(raw))
+    return load_report(tmp / "old.json")
+
+
+def test_a_report_from_before_copies_were_counted_gives_one_figure_per_kernel_as_before(work):
+    tmp, plan_args = work
+    old = _old_report(tmp)
+    old_inputs = _calibrated_plan(tmp, plan_args, int(plan_args[1]), "old.json", "old_plan.json").header.inputs
+    assert not {"host_us_per_copy", "host_us_per_replay"} & old_inputs.calibration.measured.keys()
+    assert old_inputs.host_us_per_copy == 0 and old_inputs.host_us_per_replay == 0
+    rows = [row for row in old.per_iteration if row.followed_plan]
+    per_kernel_us = median((row.ms - row.op_launch_ms - row.stall_ms) * 1e3 / row.kernels for row in rows)
+    assert old_inputs.host_us_per_kernel == round(per_kernel_us, 3)    # copies stay in the figure per kernel
+    new_inputs = _calibrated_plan(tmp, plan_args, int(plan_args[1]), "run.json", "new_plan.json").header.inputs
+    assert new_inputs.host_us_per_kernel < old_inputs.host_us_per_kernel  # copies taken out, charged per copy
+
+
+def _report_with_rows(tmp, device: str, rows: list[dict]):
+    """run.json's header (this job) on `device`, with planned iterations of the given host times."""
+    report = load_report(tmp / "run.json")
+    base = dict(followed_plan=True, kernels=1000, planned_offloads=0, plan_ids_missing=0, evictions=0,
+                oom_retries=0, offloaded_bytes=0)
+    per_iteration = [IterationRow(**{"iteration": i, **base, **row}) for i, row in enumerate(rows)]
+    header = report.header.model_copy(update={"device": device})
+    path = tmp / f"rows-{device.replace(':', '')}.json"
+    save_report(report.model_copy(update={"header": header, "per_iteration": per_iteration}), path)
+    return path
+
+
+ROWS = [dict(ms=300.0, walk_ms=150.0, op_launch_ms=20.0, stall_ms=10.0, copies_issued=100, copy_issue_ms=40.0,
+             replays=50, replay_ms=30.0),
+        dict(ms=310.0, walk_ms=160.0, op_launch_ms=20.0, stall_ms=10.0, copies_issued=100, copy_issue_ms=50.0,
+             replays=50, replay_ms=30.0),
+        dict(ms=900.0, walk_ms=700.0, op_launch_ms=20.0, stall_ms=400.0, copies_issued=200, copy_issue_ms=60.0,
+             replays=0, replay_ms=0.0)]
+
+
+def test_host_time_is_measured_per_copy_per_replay_and_per_kernel_on_a_gpu(work):
+    tmp, plan_args = work
+    trace = load_trace(tmp / "trace.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
+    measured = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", ROWS), set()).calibration.measured
+    assert measured["host_us_per_copy"] == 400.0       # median of 400, 500 and 300 us
+    assert measured["host_us_per_replay"] == 600.0     # the iterations that replayed
+    assert measured["host_us_per_kernel"] == 90.0      # median of walk - stall - copies - replays + launch: 90, 90, 260
+
+
+def test_on_the_cpu_a_replay_is_the_ops_run_not_host_time(work):
+    """Note [Calibration]: the simulator puts a replayed op's time on the compute timeline, so a
+    CPU run's replay time is charged neither per replay nor per kernel."""
+    tmp, plan_args = work
+    trace = load_trace(tmp / "trace.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
+    measured = calibrated(inputs, trace, _report_with_rows(tmp, "cpu", ROWS), set()).calibration.measured
+    assert "host_us_per_replay" not in measured and measured["host_us_per_copy"] == 400.0
+    assert measured["host_us_per_kernel"] == 200.0     # median of ms - launch - stall - copies - replays: 200, 200, 420
+
+
+def test_a_recorded_run_that_timed_replays_without_counting_them_calibrates_as_before(work):
+    """The 3B chained-replay run on the H200 (0f93f70) has replay_ms but no replays nor copies:
+    its replay time stays in the figure per kernel, as when it was recorded."""
+    tmp, plan_args = work
+    line = (ROOT / "bench/results/2026-12-01-recompute-chains-0f93f70/chains.jsonl").read_text().splitlines()[0]
+    rows = [row for row in json.loads(line)["metrics"]["teraio"]["per_iteration"] if row["followed_plan"]]
+    assert rows and all(row["replay_ms"] > 0 and "replays" not in row for row in rows)
+    trace = load_trace(tmp / "trace.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
+    measured = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", rows), set()).calibration.measured
+    per_kernel_us = median((r["walk_ms"] - r["stall_ms"] + r["op_launch_ms"]) * 1e3 / r["kernels"] for r in rows)
+    assert measured["host_us_per_kernel"] == round(per_kernel_us, 3)
+    assert not {"host_us_per_copy", "host_us_per_replay"} & measured.keys()

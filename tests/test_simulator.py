@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plan_helpers import GiB, MiB, T, layered_trace, make_trace
-from teraio.formats.plan import Plan
+from teraio.formats.plan import Plan, PlanEntry
 from teraio.formats.trace import Kind
 from teraio_plan import make_plan_outcome, planner_inputs, simulate, sweep
 from teraio_plan.memory import memory_curve, min_required_bytes
@@ -48,6 +48,47 @@ def test_a_thread_slower_than_the_kernels_sets_the_pace_and_a_faster_one_hides()
     assert replay_ms(cpu, 5.0) == pytest.approx(10.9 + 0.5)   # the thread runs them: it adds up
     scaled = plan.header.inputs.model_copy(update={"kernel_time_scale": 0.5})
     assert simulate(gpu, plan, scaled).iteration_ms == pytest.approx(10.9 / 2)
+
+
+def _one_of_each_action_plan(trace):
+    """A copy out and in (host), a clean release and its copy in, a replay: 3 copies, 1 replay."""
+    plan = make_plan_outcome(trace, planner_inputs(trace, gpu_mem_bytes=10 * GiB, num_ssds=0,
+                                                         host_mem_bytes=GiB)).plan
+    assert not plan.entries
+    def entry(name, tier, after, by, at, needed, **extra):
+        return PlanEntry(tensor=name, name=name, kind="activation", nbytes=MiB, tier=tier, offload_after=after,
+                         offload_by=by, prefetch_at=at, needed_by=needed, wraps=False, reason="test", **extra)
+    return plan.model_copy(update={"entries": [
+        entry("moved", "host", 2, 5, 25, 30), entry("clean", "host", 3, 5, 26, 32, clean=True),
+        entry("replayed", "recompute", 4, 4, 34, 34, produced_at=4)]})
+
+
+def _action_trace(kernel_us, device_capacity_bytes):
+    tensors = [T(name, MiB, [born, needed], Kind.activation, born=born, freed=needed + 1)
+               for name, born, needed in (("moved", 2, 30), ("clean", 3, 32), ("replayed", 4, 34))]
+    return make_trace([kernel_us] * 40, tensors, capacity_bytes=device_capacity_bytes)
+
+
+def test_each_copy_and_replay_costs_the_thread_where_it_is_the_bound_and_hides_behind_long_kernels():
+    """Note [Host-bound kernels]: 3 copies at 1 ms and 1 replay at 0.5 ms on top of the thread's
+    time per kernel: 3.5 ms more where the thread sets the pace (short kernels, or the CPU),
+    nothing where each gap between long kernels still covers it."""
+    def replay(trace, per_kernel_us, per_copy_us, per_replay_us):
+        plan = _one_of_each_action_plan(trace)
+        inputs = plan.header.inputs.model_copy(update={
+            "host_us_per_kernel": per_kernel_us, "host_us_per_copy": per_copy_us, "host_us_per_replay": per_replay_us})
+        return simulate(trace, plan, inputs)
+    short = _action_trace(10.0, 10 * GiB)
+    free, charged = replay(short, 20.0, 0.0, 0.0), replay(short, 20.0, 1000.0, 500.0)
+    assert charged.iteration_ms - free.iteration_ms == pytest.approx(3.5)
+    assert charged.host_ms == pytest.approx(40 * 0.02 + 3.5) and charged.stall_ms == free.stall_ms
+    long = _action_trace(5000.0, 10 * GiB)
+    free, charged = replay(long, 20.0, 0.0, 0.0), replay(long, 20.0, 1000.0, 500.0)
+    assert charged.iteration_ms == pytest.approx(free.iteration_ms)          # hidden behind the kernels
+    assert charged.host_ms - free.host_ms == pytest.approx(3.5)
+    cpu = _action_trace(5000.0, None)
+    assert replay(cpu, 20.0, 1000.0, 500.0).iteration_ms - replay(cpu, 20.0, 0.0, 0.0).iteration_ms \
+        == pytest.approx(3.5)                                                 # the thread runs them: it adds up
 
 
 def test_sweep_rises_with_bandwidth_and_fits_at_zero_only_if_no_plan_needed():

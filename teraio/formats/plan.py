@@ -53,7 +53,7 @@ class Calibration(Strict):
     report: str = Field(description="the run report they were read from, as given")
     measured: dict[str, float] = Field(description="planner input -> the measured value it took "
                                        "(host_gbps, ssd_read_gbps, ssd_write_gbps, host_us_per_kernel, "
-                                       "kernel_time_scale)")
+                                       "host_us_per_copy, host_us_per_replay, kernel_time_scale)")
     planned_iterations: int = Field(ge=1, description="the report's iterations on plan they come from")
 
 
@@ -71,8 +71,15 @@ class PlannerInputs(Strict):
     clean_copies: bool = Field(True, description="the run keeps host copies of storages it brought back and "
                                "releases them again without a copy while unwritten (teraio run's default)")
     host_us_per_kernel: float = Field(0.0, ge=0, description="host time the job's thread spends per kernel "
-                                      "under the runtime (launch, walk, plan actions): the device waits for "
+                                      "under the runtime (launch, walk, the plan's actions but for those "
+                                      "host_us_per_copy and host_us_per_replay charge): the device waits for "
                                       "a host that is slower than its kernels; 0: it never does")
+    host_us_per_copy: float = Field(0.0, ge=0, description="host time the job's thread spends starting one copy "
+                                    "out or in (device re-allocation included), on top of host_us_per_kernel: "
+                                    "the device waits for a host that is slower than its kernels; 0: free")
+    host_us_per_replay: float = Field(0.0, ge=0, description="host time the job's thread spends replaying one op "
+                                      "for a recompute entry (re-allocation included; the op's own kernel time is "
+                                      "charged on the device), on top of host_us_per_kernel; 0: free")
     kernel_time_scale: float = Field(1.0, gt=0, description="the trace's kernel times are replayed times this: "
                                      "a CPU run's time inside its ops over the trace's (the profiler's walk slows "
                                      "the ops it times); 1 on a GPU and uncalibrated")

@@ -47,7 +47,7 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--host-gbps", type=float, default=DEFAULT_HOST_GBPS, show_default=True, help="Device<->host bandwidth per direction, GB/s.")
 @click.option("--pcie-gbps", type=float, default=DEFAULT_PCIE_GBPS, show_default=True, help="Device link per direction, shared by SSD and host traffic, GB/s.")
 @click.option("--headroom", type=SIZE, default=0, help="Extra bytes to keep free beyond what the trace tracks. [default: 0]")
-@click.option("--calibrate", "calibrate_from", type=click.Path(path_type=Path), default=None, help="A run report of this job (teraio run --report): take the host and SSD rates and the host time per kernel it measured; options given here still win.")
+@click.option("--calibrate", "calibrate_from", type=click.Path(path_type=Path), default=None, help="A run report of this job (teraio run --report): take the host and SSD rates and the host time per kernel, per copy and per replay it measured; options given here still win.")
 @click.option("--no-clean-copies", is_flag=True, help="Plan every offload as a copy, for runs with teraio run --no-clean-copies (by default the host pool's kept copies make unwritten re-offloads free).")
 @click.option("--no-recompute", is_flag=True, help="Move idle activations only (by default one whose op can be replayed may be dropped and made again before its next use, where the prediction says that is faster).")
 @click.option("--stall-free", is_flag=True, help="Only transfers that delay no kernel (the paper's planner); the budget may then be missed.")
