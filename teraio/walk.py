@@ -451,6 +451,7 @@ class OpWalk(TorchDispatchMode):
         self.module_names: dict[int, str] = {}
         self.occurrences: dict[tuple, int] = {}
         self.in_optimizer = False
+        self._step_scope_depth, self._step_graph_task = 0, -1  # Note [Steps with a closure]
         # id(optimizer) -> (state entries, tensors in the newest) at the last look
         self._state_marks: dict[int, tuple[int, int]] = {}
         self._handles = []
@@ -528,6 +529,7 @@ class OpWalk(TorchDispatchMode):
             self.optimizers.append(optimizer)
         self.refresh_owners()
         self.in_optimizer = True
+        self._step_scope_depth, self._step_graph_task = len(self.scope), _graph_task_id()
 
     def _optimizer_exit(self, optimizer, args, kwargs):
         self.in_optimizer = False
@@ -611,11 +613,20 @@ class OpWalk(TorchDispatchMode):
 
     # ----- the op stream --------------------------------------------------------------------
     def phase(self) -> Phase:
-        if self.in_optimizer:
-            return Phase.optimizer
+        """Note [Steps with a closure]: `optimizer.step(closure)` (LBFGS, Lightning's automatic
+        optimization) runs the forward and backward inside the step; their ops are forward and
+        backward, and their activations movable, like those of a step without one. What tells
+        them from the step's own ops: a module entered, or a graph task begun, since the step
+        began (a step run by a hook inside backward keeps the graph task it began in)."""
         # Only the autograd engine runs a node, always inside a graph task; asking for the
         # node builds a Python object for it, the task id is an int.
-        if _graph_task_id() != -1 and _current_node() is not None:
+        task = _graph_task_id()
+        if self.in_optimizer:
+            if len(self.scope) > self._step_scope_depth:
+                return Phase.forward
+            if task == self._step_graph_task or task == -1:
+                return Phase.optimizer
+        if task != -1 and _current_node() is not None:
             return Phase.backward
         return Phase.forward if self.scope else Phase.other
 
