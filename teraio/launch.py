@@ -56,8 +56,12 @@ def child_env(settings: Settings, defaults: dict[str, str] | None = None) -> dic
 # `teraio run` and `teraio profile` stand between a supervisor and the job: docker stop, slurm
 # and systemd send SIGTERM to the launcher's pid, an ssh hangup sends SIGHUP, Ctrl-C sends
 # SIGINT to the terminal's foreground process group. The job is started in a session (and so
-# a process group) of its own, and every one of these signals reaching the launcher is passed
-# on to that whole group (torchrun and its workers, a shell wrapper and its python):
+# a process group) of its own. SIGINT and SIGHUP reaching the launcher are passed on to that
+# whole group (torchrun and its workers, a shell wrapper and its python), as a terminal sends
+# them to its foreground group; SIGTERM to the job's first process only, as `kill PID`, docker
+# stop and Kubernetes send it: a job's DataLoader workers killed by a SIGTERM their plain run
+# never sees made it fail ("DataLoader worker is killed by signal") where it stopped
+# gracefully plainly (PyTorch Lightning), and torchrun passes it on to its workers itself.
 # - One copy per signal. Sharing our group, a Ctrl-C would reach the job from the terminal and
 #   again from us, and a second KeyboardInterrupt can cut the job's exit handlers short (no
 #   report, swap files left). Apart, the terminal's copy reaches us only, we forward it once.
@@ -137,7 +141,10 @@ class _SignalForwarder:
         if self.proc.returncode is not None:
             return  # reaped: its pid (the group's id) may belong to someone else by now
         try:
-            os.killpg(self.proc.pid, signum)
+            if signum == signal.SIGTERM:
+                os.kill(self.proc.pid, signum)
+            else:
+                os.killpg(self.proc.pid, signum)
         except ProcessLookupError:
             pass  # the whole group has exited already
 

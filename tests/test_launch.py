@@ -22,13 +22,29 @@ from cli_helpers import CPU_ENV, PYTHON, ok, teraio
 from runtime_helpers import every_period_plan
 
 # Trains until stopped, 50 ms a step after step 3, when it writes its pid to READY; with
-# --kill-self it kills itself with SIGKILL there instead (an OOM killer's end).
+# --kill-self it kills itself with SIGKILL there instead (an OOM killer's end). With
+# --graceful it starts a worker process (as a DataLoader does) that notes a SIGTERM in
+# READY.worker, and after step 1 chains the SIGTERM handler it finds behind one that ends
+# training at the step's end, as PyTorch Lightning's trainer does.
 SCRIPT = """
-import os, signal, sys, time
+import os, signal, subprocess, sys, time
 from pathlib import Path
 import torch
 torch.manual_seed(0)
 steps, ready = int(sys.argv[1]), sys.argv[2]
+graceful = "--graceful" in sys.argv
+if graceful:
+    worker = subprocess.Popen([sys.executable, "-c", "import pathlib, signal, sys, time\\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(sys.argv[1]).write_text('SIGTERM'), sys.exit(0)))\\n"
+        "time.sleep(600)", ready + ".worker"])
+stop = []
+def chain_handler():
+    previous = signal.getsignal(signal.SIGTERM)
+    def on_sigterm(number, frame):
+        stop.append(number)
+        if callable(previous):
+            previous(number, frame)
+    signal.signal(signal.SIGTERM, on_sigterm)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
 opt = torch.optim.AdamW(model.parameters())
 x = torch.randn(32, 64)
@@ -36,12 +52,20 @@ for step in range(steps):
     model(x).square().mean().backward()
     opt.step()
     opt.zero_grad()
+    if step == 1 and graceful:
+        chain_handler()
     if step == 3 and "--kill-self" in sys.argv:
         os.kill(os.getpid(), signal.SIGKILL)
     if step == 3:
         Path(ready).write_text(str(os.getpid()))
+    if stop:
+        print("training stopped gracefully")
+        break
     if step >= 3:
         time.sleep(0.05)
+if graceful:
+    worker.kill()
+    worker.wait()
 """
 START_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 120
@@ -96,6 +120,26 @@ def test_a_signal_to_teraio_stops_the_job_which_writes_its_report(job, tmp_path,
             proc.kill()
             _kill_job(tmp_path)
     assert status == 128 + signum, (tmp_path / "out.txt").read_text()
+    assert_stopped_cleanly(tmp_path, job_pid)
+
+
+def test_sigterm_reaches_the_jobs_own_handler_and_not_its_workers_as_in_a_plain_run(job, tmp_path):
+    """`kill PID` (docker stop, Kubernetes) signals the one process: a job that chains the
+    handler it finds behind its own (PyTorch Lightning) stops gracefully and exits 0 as it does
+    plainly, and its DataLoader-like worker never sees the signal."""
+    env = dict(os.environ, **CPU_ENV)
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen(run_args(job, tmp_path, "--graceful"), env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            job_pid = wait_until_training(tmp_path, lambda: proc.poll() is None)
+            proc.send_signal(signal.SIGTERM)
+            status = proc.wait(timeout=STOP_TIMEOUT_S)
+        finally:
+            proc.kill()
+            _kill_job(tmp_path)
+    output = (tmp_path / "out.txt").read_text()
+    assert status == 0 and "training stopped gracefully" in output, output
+    assert not (tmp_path / "ready.worker").exists()  # the worker was not signalled
     assert_stopped_cleanly(tmp_path, job_pid)
 
 
