@@ -1,0 +1,80 @@
+"""Predicted against measured from recorded GPU results, without a GPU (issue 16).
+
+    python bench/recorded_fidelity.py traces/h200-3b-fp32-writes.msgpack \\
+        bench/results/2026-12-01-allocator-3b/headroom_aa86907.jsonl --calibrate-from 0
+
+A bench result line (bench/run_baseline.py) keeps the run report's body but not its header:
+this rebuilds the report of line --calibrate-from for the trace its plan came from, calibrates
+with it (`teraio plan --calibrate`), then plans every line's configuration again with and
+without those figures (the plan options are the ones each run recorded) and prints the
+predicted iteration against the measured median step. The lines must be runs of plans made
+from TRACE; the planner's code is this checkout's, not the recorded commit's.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from teraio import __version__
+from teraio.formats.common import Producer
+from teraio.formats.plan import load_plan
+from teraio.formats.report import ReportHeader, RunReport, save_report
+from teraio.formats.trace import load_trace
+
+
+def report_of(line: dict, trace) -> RunReport:
+    header = ReportHeader(producer=Producer(teraio=__version__), command=[], rank=0, world_size=1,
+                          device="cuda:0", plan=line["config"]["system_config"]["plan"],
+                          plan_op_digest=trace.header.op_digest)
+    body = {key: value for key, value in line["metrics"]["teraio"].items() if key in RunReport.model_fields}
+    return RunReport(header=header, **body)
+
+
+def plan_args(system_config: dict) -> list[str]:
+    """The options of the recorded plan (its inputs), as `teraio plan` takes them."""
+    c = system_config
+    args = ["--gpu-mem", c["budget_bytes"], "--ssds", c["num_ssds"], "--host-mem", c["host_mem_bytes"],
+            "--host-gbps", c["host_gbps"], "--pcie-gbps", c["pcie_gbps"], "--headroom", c["headroom_bytes"]]
+    if not c.get("recompute", True):
+        args.append("--no-recompute")
+    return [str(a) for a in args]
+
+
+def predicted_ms(trace_path: Path, args: list[str], out: Path) -> float:
+    subprocess.run([sys.executable, "-m", "teraio", "plan", str(trace_path), *args, "-o", str(out)],
+                   check=True, capture_output=True)
+    return load_plan(out).header.prediction.iteration_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--calibrate-from", type=int, default=0, help="the line whose report calibrates")
+    args = parser.parse_args()
+    trace = load_trace(args.trace)
+    lines = [json.loads(text) for text in args.results.read_text().splitlines() if text.strip()]
+    lines = [line for line in lines if line.get("metrics", {}).get("teraio")]
+    table = Table("run", "measured ms", "predicted ms", "error", "calibrated ms", "error", title_justify="left")
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        save_report(report_of(lines[args.calibrate_from], trace), report_path)
+        for i, line in enumerate(lines):
+            options = plan_args(line["config"]["system_config"])
+            plain = predicted_ms(args.trace, options, Path(tmp) / f"plan{i}.json")
+            calibrated = predicted_ms(args.trace, [*options, "--calibrate", str(report_path)], Path(tmp) / f"cal{i}.json")
+            measured = line["metrics"]["step_ms_median"]
+            table.add_row(line["label"] + (" (calibrating)" if i == args.calibrate_from else ""), f"{measured:,.1f}",
+                          f"{plain:,.1f}", f"{plain / measured - 1:+.1%}", f"{calibrated:,.1f}",
+                          f"{calibrated / measured - 1:+.1%}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
