@@ -52,27 +52,37 @@ def predicted_ms(trace_path: Path, args: list[str], out: Path) -> float:
     return load_plan(out).header.prediction.iteration_ms
 
 
+def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0) -> list[dict]:
+    """One row per recorded teraio run: label, measured, predicted and calibrated ms."""
+    trace = load_trace(trace_path)
+    lines = [json.loads(text) for text in results_path.read_text().splitlines() if text.strip()]
+    lines = [line for line in lines if line.get("metrics", {}).get("teraio")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        save_report(report_of(lines[calibrate_from], trace), report_path)
+        for i, line in enumerate(lines):
+            options = plan_args(line["config"]["system_config"])
+            rows.append({"label": line["label"], "calibrating": i == calibrate_from,
+                         "measured_ms": line["metrics"]["step_ms_median"],
+                         "predicted_ms": predicted_ms(trace_path, options, Path(tmp) / f"plan{i}.json"),
+                         "calibrated_ms": predicted_ms(trace_path, [*options, "--calibrate", str(report_path)],
+                                                       Path(tmp) / f"cal{i}.json")})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", type=Path)
     parser.add_argument("results", type=Path)
     parser.add_argument("--calibrate-from", type=int, default=0, help="the line whose report calibrates")
     args = parser.parse_args()
-    trace = load_trace(args.trace)
-    lines = [json.loads(text) for text in args.results.read_text().splitlines() if text.strip()]
-    lines = [line for line in lines if line.get("metrics", {}).get("teraio")]
     table = Table("run", "measured ms", "predicted ms", "error", "calibrated ms", "error", title_justify="left")
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = Path(tmp) / "report.json"
-        save_report(report_of(lines[args.calibrate_from], trace), report_path)
-        for i, line in enumerate(lines):
-            options = plan_args(line["config"]["system_config"])
-            plain = predicted_ms(args.trace, options, Path(tmp) / f"plan{i}.json")
-            calibrated = predicted_ms(args.trace, [*options, "--calibrate", str(report_path)], Path(tmp) / f"cal{i}.json")
-            measured = line["metrics"]["step_ms_median"]
-            table.add_row(line["label"] + (" (calibrating)" if i == args.calibrate_from else ""), f"{measured:,.1f}",
-                          f"{plain:,.1f}", f"{plain / measured - 1:+.1%}", f"{calibrated:,.1f}",
-                          f"{calibrated / measured - 1:+.1%}")
+    for row in fidelity_rows(args.trace, args.results, args.calibrate_from):
+        measured = row["measured_ms"]
+        table.add_row(row["label"] + (" (calibrating)" if row["calibrating"] else ""), f"{measured:,.1f}",
+                      f"{row['predicted_ms']:,.1f}", f"{row['predicted_ms'] / measured - 1:+.1%}",
+                      f"{row['calibrated_ms']:,.1f}", f"{row['calibrated_ms'] / measured - 1:+.1%}")
     Console().print(table)
 
 
