@@ -291,15 +291,18 @@ class MigrationEngine:
                       file=sys.stderr)
 
     def _place(self, tier_name: str, nbytes: int):
-        """(tier, slot): the planned tier, or the other one when it has no room."""
+        """(tier, slot): the planned tier, or the other one when it has no room. Only a tier the
+        run has and that was full counts as a spill: an eviction asks for the host pool, and a
+        plan without one sends it to the disk as planned."""
+        wanted = self.tiers[tier_name]
         for tier in (self.tiers[name] for name in PLACEMENT[tier_name]):
             if tier is None:
                 continue
             slot = self._alloc(tier, nbytes)
             if slot is not None:
-                if tier.name != tier_name and tier.name == "ssd":
+                if tier is not wanted and wanted is not None and tier.name == "ssd":
                     self.stats.other_tier_bytes += nbytes
-                elif tier.name != tier_name:
+                elif tier is not wanted and wanted is not None:
                     self.stats.ssd_to_host_bytes += nbytes
                 return tier, slot
         return None

@@ -139,6 +139,18 @@ def test_planner_plan_at_half_the_peak_trains_identically_within_budget(work, tm
     assert report.peak_device_bytes <= report.budget_bytes == budget
 
 
+def test_a_plan_without_a_host_pool_evicts_to_the_disk_without_calling_it_a_spill(work, tmp_path):
+    """The unplanned first iterations evict to the host pool when there is one; a plan without
+    one (--host-mem 0) sends them to the disk as planned, and the run must not advise a pool."""
+    trace = load_trace(work / "trace.msgpack")
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", peak_bytes(trace) // 2, "--ssds", 1, "--host-mem", 0,
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert report.on_demand_evictions > 0 and report.offloaded_bytes["ssd"] > 0
+    assert all(row.other_tier_bytes == 0 for row in report.per_iteration)
+    assert "--host-mem" not in proc.stderr
+
+
 def test_empty_plan_leaves_the_job_untouched(work, tmp_path):
     trace = load_trace(work / "trace.msgpack")
     ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", 2 * peak_bytes(trace), "--ssds", 1,
