@@ -11,7 +11,7 @@ from teraio.formats.trace import Trace
 from teraio.units import format_bytes
 from teraio_plan import recompute
 from teraio_plan.clean import mark_clean
-from teraio_plan.memory import kernel_need_bytes, memory_curve
+from teraio_plan.memory import kernel_need_bytes, memory_curve, min_required_bytes
 from teraio_plan.fill import fill_with_stalls
 from teraio_plan.fit import fit_budget
 from teraio_plan.planner import PlannerResult, plan_entries
@@ -84,10 +84,12 @@ def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
     need, k = kernel_need_bytes(trace, inputs.headroom_bytes)
     if inputs.budget_bytes < need:
         op = trace.op_name(k) if trace.num_kernels else "-"
+        floor, _ = min_required_bytes(trace, inputs.headroom_bytes)
         raise PlanError(
             f"no plan can work: kernel {k} ({op}) alone needs {format_bytes(need)} ({need} bytes) "
             f"on the device with what can never move, but the budget is "
-            f"{format_bytes(inputs.budget_bytes)}: give --gpu-mem of at least {need}")
+            f"{format_bytes(inputs.budget_bytes)}: give --gpu-mem of at least {need} (the job runs, evicting "
+            f"on demand), or at least {floor} ({format_bytes(floor)}) for a plan that fits")
 
 
 def make_plan_outcome(trace: Trace, inputs: PlannerInputs,

@@ -95,6 +95,19 @@ def test_bad_input_is_one_line_and_no_plan_file(tmp_path, args, code, words):
     assert not (tmp_path / "t.plan.json").exists()
 
 
+def test_a_budget_below_any_kernel_names_the_least_that_runs_and_the_least_that_fits(tmp_path):
+    """Two floors (teraio_plan/memory.py): the refusal names both, so the number it gives for a
+    plan that fits is not answered by a second complaint (`fits: false` below it)."""
+    path = write_trace(tmp_path / "t.msgpack")
+    res = CliRunner().invoke(cli, ["plan", str(path), "--gpu-mem", "1MiB", "--ssds", "1"], terminal_width=400)
+    words = res.output.split()
+    runs, fits = int(words[words.index("least") + 1]), int(words[len(words) - 1 - words[::-1].index("least") + 1])
+    assert res.exit_code == 5 and runs <= fits
+    assert run("plan", path, "--gpu-mem", runs, "--ssds", "1", "-o", tmp_path / "runs.json").exit_code == 0
+    assert run("plan", path, "--gpu-mem", fits, "--ssds", "1", "-o", tmp_path / "fits.json").exit_code == 0
+    assert load_plan(tmp_path / "fits.json").header.prediction.fits
+
+
 def test_truncated_trace_is_a_format_error(tmp_path):
     path = write_trace(tmp_path / "t.msgpack")
     path.write_bytes(path.read_bytes()[:100])
