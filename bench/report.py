@@ -234,9 +234,12 @@ def teraio_details(chosen, caps, ideal_peak):
         gbps = ", ".join(f"{path} {v:.1f}" for path, v in sorted(t.get("achieved_gbps", {}).items())) or "–"
         # Copies' busy time summed over the paths: at the step time, the links bound the step.
         busy = f"{mean('copy_busy_ms'):.0f}" if measured and "copy_busy_ms" in measured[0] else "–"
-        # The rows count bytes released to every tier; the run's totals split off the replays'.
+        # The rows count bytes released to every tier, the replays' apart since f7d6989; older
+        # runs' are split off by the run's totals.
         released = t.get("offloaded_bytes", {})
         replay_share = released.get("recompute", 0) / max(1, sum(released.values()))
+        if measured and "replay_released_bytes" in measured[0]:
+            replay_share = mean('replay_released_bytes') / max(1.0, mean('offloaded_bytes'))
         out_gb = mean('offloaded_bytes') / 1e9
         lines.append(f"| {system} | {ratio_text(cap, ideal_peak)} | {m['step_ms_median']:.0f} | "
                      f"{t['plan']['iteration_ms']:.0f} | {t['plan']['ideal_iteration_ms']:.0f} | {m['stall_ms'] or 0:.0f} "

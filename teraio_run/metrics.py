@@ -39,6 +39,7 @@ class IterationLog:
         return {"evictions": stats.evictions, "oom_retries": stats.oom_retries,
                 "stall_ms": sum(stats.stall_ms.values()),
                 "offloaded_bytes": sum(stats.offloaded_bytes.values()),
+                "replay_released_bytes": stats.offloaded_bytes["recompute"],
                 "other_tier_bytes": stats.other_tier_bytes,
                 "copy_busy_ms": sum(engine.meter.busy_s.values()) * 1e3,
                 "walk_ms": host_s["walk"] * 1e3, "op_launch_ms": host_s["ops"] * 1e3,

@@ -117,6 +117,7 @@ def test_the_planners_replays_train_identically_and_run_as_planned(work, tmp_pat
     assert len(planned) >= 3 and all(row.replay_fallbacks == 0 for row in planned)
     replays = sum(entry.tier == "recompute" for entry in plan.entries)  # each replayed once per iteration here
     assert all(row.replays == replays and row.replay_ms > 0 for row in planned)
+    assert all(row.replay_released_bytes >= replayed_bytes for row in planned)  # apart from the moves
     assert report.offloaded_bytes["recompute"] >= len(planned) * replayed_bytes
     assert report.written_bytes["recompute"] == 0
 

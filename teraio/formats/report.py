@@ -54,6 +54,8 @@ class IterationRow(Strict):
     replay_ms: float = Field(0.0, description="host time replaying ops for recompute entries, re-allocating their "
                              "outputs included (on a GPU: launching them; on the CPU: running them)")
     replays: int = Field(0, description="ops replayed for recompute entries")
+    replay_released_bytes: int = Field(0, description="of offloaded_bytes, what left without a copy to be replayed "
+                                       "(recompute entries)")
     copies_issued: int = Field(0, description="copies out and in the job's thread started (replays not counted)")
     copy_issue_ms: float = Field(0.0, description="host time starting those copies, re-allocating device memory "
                                  "for copies in included (part of walk_ms)")
