@@ -299,12 +299,14 @@ class MigrationEngine:
             if tier is None:
                 continue
             slot = self._alloc(tier, nbytes)
-            if slot is not None:
-                if tier is not wanted and wanted is not None and tier.name == "ssd":
+            if slot is None:
+                continue
+            if tier is not wanted and wanted is not None:  # spilled: the planned tier had no room
+                if tier.name == "ssd":
                     self.stats.other_tier_bytes += nbytes
-                elif tier is not wanted and wanted is not None:
+                else:
                     self.stats.ssd_to_host_bytes += nbytes
-                return tier, slot
+            return tier, slot
         return None
 
     def _alloc(self, tier, nbytes: int) -> int | None:
