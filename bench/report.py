@@ -234,7 +234,7 @@ def teraio_details(chosen, caps, ideal_peak):
         gbps = ", ".join(f"{path} {v:.1f}" for path, v in sorted(t.get("achieved_gbps", {}).items())) or "–"
         # Copies' busy time summed over the paths: at the step time, the links bound the step.
         busy = f"{mean('copy_busy_ms'):.0f}" if measured and "copy_busy_ms" in measured[0] else "–"
-        # The rows count bytes released to every tier, the replays' apart since f7d6989; older
+        # The rows count bytes released to every tier, the replays' apart since aa96c69; older
         # runs' are split off by the run's totals.
         released = t.get("offloaded_bytes", {})
         replay_share = released.get("recompute", 0) / max(1, sum(released.values()))
