@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,9 @@ def child_env(settings: Settings, defaults: dict[str, str] | None = None) -> dic
 # stop and Kubernetes send it: a job's DataLoader workers killed by a SIGTERM their plain run
 # never sees made it fail ("DataLoader worker is killed by signal") where it stopped
 # gracefully plainly (PyTorch Lightning), and torchrun passes it on to its workers itself.
+# What the first process leaves behind when it ends (the python of a `sh -c` wrapper, which a
+# shell does not pass SIGTERM on to) gets it then, and the launcher waits for them a while:
+# nothing of the job outlives it untold.
 # - One copy per signal. Sharing our group, a Ctrl-C would reach the job from the terminal and
 #   again from us, and a second KeyboardInterrupt can cut the job's exit handlers short (no
 #   report, swap files left). Apart, the terminal's copy reaches us only, we forward it once.
@@ -74,6 +78,7 @@ def child_env(settings: Settings, defaults: dict[str, str] | None = None) -> dic
 # A signal the launcher ignores (nohup ignores SIGHUP) is not forwarded, and the job keeps
 # ignoring it as well (an ignored disposition survives exec).
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STRAGGLERS_WAIT_S = 60.0
 
 
 @dataclass
@@ -98,6 +103,7 @@ def run_command(command: list[str], settings: Settings, defaults: dict[str, str]
         proc = subprocess.Popen(command, env=child_env(settings, defaults), start_new_session=True)
         forwarder.attach(proc)
         returncode = proc.wait()
+        forwarder.stop_stragglers()
     return JobExit(shell_status(returncode), forwarder.forwarded)
 
 
@@ -135,6 +141,20 @@ class _SignalForwarder:
             self._pending.append(signum)
         else:
             self._forward(signum)
+
+    def stop_stragglers(self) -> None:
+        """After a SIGTERM, what the job's first process left behind gets it too (Note [The
+        job's own session]); waited for up to STRAGGLERS_WAIT_S."""
+        if self.forwarded != signal.SIGTERM:
+            return
+        deadline = time.monotonic() + STRAGGLERS_WAIT_S
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            pass  # none left
 
     def _forward(self, signum: int) -> None:
         self.forwarded = signum

@@ -143,6 +143,25 @@ def test_sigterm_reaches_the_jobs_own_handler_and_not_its_workers_as_in_a_plain_
     assert_stopped_cleanly(tmp_path, job_pid)
 
 
+def test_sigterm_also_stops_what_a_shell_wrapper_leaves_behind(job, tmp_path):
+    """A shell does not pass SIGTERM on to the command it waits for: the job's python, left
+    behind when the wrapper ends, gets it from teraio then, writes its report and is waited for."""
+    args = run_args(job, tmp_path)
+    script = " ".join(args[args.index("--") + 1:])
+    command = [*args[:args.index("--") + 1], "sh", "-c", f"{script}; true"]  # a compound: sh stays
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen(command, env=dict(os.environ, **CPU_ENV), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            job_pid = wait_until_training(tmp_path, lambda: proc.poll() is None)
+            proc.send_signal(signal.SIGTERM)
+            status = proc.wait(timeout=STOP_TIMEOUT_S)
+        finally:
+            proc.kill()
+            _kill_job(tmp_path)
+    assert status == 128 + signal.SIGTERM, (tmp_path / "out.txt").read_text()
+    assert_stopped_cleanly(tmp_path, job_pid)
+
+
 def test_ctrl_c_at_a_terminal_stops_the_job_once_and_exits_130(job, tmp_path):
     """The terminal sends SIGINT to its foreground process group: teraio's. The job, in a
     session of its own, gets it once, from teraio."""
