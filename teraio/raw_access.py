@@ -8,6 +8,9 @@ tensors and refuses, or writes garbage). So:
 - savers (SAVERS below) run inside `resident()`: everything back, nothing leaving;
 - numpy and DLPack exports bring their one storage back and pin it: the pointer they hand
   out may be read at any later time, so that storage never moves again;
+- a storage's clone and cpu copy (copy.deepcopy of a tensor, a module or a state_dict goes
+  through clone) size the copy with nbytes() before any op runs, which reads 0 for a storage
+  moved out: they bring that storage back first (it may leave again later);
 - anything else calls `teraio.resident()` around its raw reads.
 The wrappers are installed as their modules are imported (the bootstrap's import hook) and
 cost one list lookup when no runtime agent is active (plain runs, `teraio profile`).
@@ -27,6 +30,7 @@ SAVERS = {
     "accelerate.accelerator": ("Accelerator.save_model",),
 }
 EXPORTS = ("numpy", "__dlpack__")   # Tensor methods that hand out a pointer
+STORAGE_COPIES = ("clone", "cpu")   # UntypedStorage methods that size a copy before any op runs
 WRAPPED_MARK = "__teraio_wrapped__"
 
 
@@ -72,6 +76,18 @@ def _pinned(fn):
     return call_pinned
 
 
+def _restored(fn):
+    @functools.wraps(fn)
+    def call_restored(storage, *args, **kwargs):
+        restore = getattr(_listener(), "restore_for_read", None)
+        if restore is not None:
+            restore(storage)
+        return fn(storage, *args, **kwargs)
+
+    setattr(call_restored, WRAPPED_MARK, True)
+    return call_restored
+
+
 def wrap_module(module) -> None:
     """Wrap the savers of a just-imported module (SAVERS), and Tensor's exports with torch."""
     for path in SAVERS.get(module.__name__, ()):
@@ -81,6 +97,8 @@ def wrap_module(module) -> None:
     if module.__name__ == "torch":
         for attr in EXPORTS:
             _wrap(module.Tensor, attr, _pinned)
+        for attr in STORAGE_COPIES:
+            _wrap(module.UntypedStorage, attr, _restored)
 
 
 def _wrap(owner, attr: str, wrapper) -> None:

@@ -259,6 +259,9 @@ class RunAgent(WalkListener):
     def pin_for_raw_read(self, tensor) -> None:
         self.keeper.pin_for_raw_read(tensor)
 
+    def restore_for_read(self, storage) -> None:
+        self.keeper.restore_for_read(storage)
+
 
 def _index_replays(plan: Plan) -> dict[int, dict[str, int]]:
     """By the kernel that makes them: tensor id -> how many recompute entries replay it."""

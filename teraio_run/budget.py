@@ -283,6 +283,15 @@ class BudgetKeeper:
         finally:
             self.holds -= 1
 
+    def restore_for_read(self, storage) -> None:
+        """A copy of this storage sized by its nbytes() before any op runs (teraio/raw_access.py):
+        bring it back first; it may leave again afterwards."""
+        record = self.walk.records.get(storage._cdata)
+        if record is None:
+            return
+        with _disable_current_modes():
+            self.engine.ensure_resident(record, "raw_read")
+
     def pin_for_raw_read(self, tensor) -> None:
         """A raw pointer to this storage leaves PyTorch (Tensor.numpy, DLPack) and may be read
         at any later time: bring it back and never move it again."""

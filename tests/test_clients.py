@@ -180,3 +180,18 @@ def test_a_step_with_a_closure_moves_its_activations_and_trains_identically(tmp_
     _, report = run_planned(tmp_path, plan, "closure_step.py", "--losses-out", "l.json")
     assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
     assert report.iterations_on_plan >= 3 and report.offloaded_bytes_by_kind.get("activation", 0) > 0
+
+
+def test_deepcopies_of_moved_weights_mid_training_hold_true_values(tmp_path):
+    """copy.deepcopy of a state_dict or a module (the best weights, an EMA model's start) sizes
+    each storage's copy with nbytes() before any op runs: a weight the plan had moved out read
+    as 0 bytes and the job failed ("The size of tensor a (N) must match the size of tensor b (0)")."""
+    plan = profile_and_plan(tmp_path, "snapshot_copies.py")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "snapshot_copies.py")
+    _, report = run_planned(tmp_path, plan, "snapshot_copies.py")
+    assert json.loads((tmp_path / "losses.json").read_text()) == json.loads((plain / "losses.json").read_text())
+    mine, theirs = torch.load(tmp_path / "snapshots.pt"), torch.load(plain / "snapshots.pt")
+    assert all(torch.equal(mine[part][k], theirs[part][k]) for part in theirs for k in theirs[part])
+    assert report.iterations_on_plan >= 3 and report.offloaded_bytes_by_kind.get("parameter", 0) > 0
