@@ -70,6 +70,7 @@ previous chunk runs.
 import itertools
 import operator
 import sys
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -181,7 +182,16 @@ class _Owners:
     # reused by an unrelated new storage (which would inherit its name) until the entry is
     # dropped, which refresh_owners does for dead ones.
     by_key: dict = field(default_factory=dict)
-    param_name: dict = field(default_factory=dict)  # id(param) -> module path
+    param_names: dict = field(default_factory=dict)  # id(param) -> (module path, weak ref to it)
+
+    def param_name(self, param) -> str | None:
+        """Its module path, while the parameter named so lives (a dead one's id may be reused)."""
+        entry = self.param_names.get(id(param))
+        return entry[0] if entry is not None and entry[1]() is param else None
+
+    def name_param(self, param, name: str) -> None:
+        if self.param_name(param) is None:  # the first name a shared (tied) parameter meets stays
+            self.param_names[id(param)] = (name, weakref.ref(param))
 
 
 def cuda_allocated_bytes() -> int:
@@ -445,10 +455,13 @@ class OpWalk(TorchDispatchMode):
         self.created_bytes = 0   # bytes of every record made so far (a bound for the CPU budget check)
         self.births: list[StorageRecord] | None = None   # records made, for whoever set a list (and empties it)
         self.owners = _Owners()
-        self.roots: list[torch.nn.Module] = []
-        self.optimizers: list[torch.optim.Optimizer] = []
+        # Note [Weak holds]: the models and optimizers the job has used, held weakly, as the
+        # module and parameter names: a model the job drops (a fresh one built to resume, a
+        # discarded candidate) is freed as in the plain run, memory and all.
+        self.roots: list[weakref.ref] = []
+        self.optimizers: list[weakref.ref] = []
         self.scope: list[str] = []
-        self.module_names: dict[int, str] = {}
+        self.module_names: dict[int, tuple[str, weakref.ref]] = {}  # id(module) -> (path, weak ref)
         self.occurrences: dict[tuple, int] = {}
         self.in_optimizer = False
         self._step_scope_depth, self._step_graph_task = 0, -1  # Note [Steps with a closure]
@@ -478,9 +491,15 @@ class OpWalk(TorchDispatchMode):
         self._handles = []
 
     def _module_enter(self, module, args):
-        if not self.scope and id(module) not in self.module_names:
+        name = self._module_name(module)
+        if name is None and not self.scope:
             self._add_root(module)
-        self.scope.append(self.module_names.get(id(module), type(module).__name__))
+            name = self._module_name(module)
+        self.scope.append(name or type(module).__name__)
+
+    def _module_name(self, module) -> str | None:
+        entry = self.module_names.get(id(module))
+        return entry[0] if entry is not None and entry[1]() is module else None
 
     def _module_exit(self, module, args, output):
         if self.scope:
@@ -501,15 +520,16 @@ class OpWalk(TorchDispatchMode):
 
     def wrapped_in_ddp(self) -> bool:
         """Whether the model is wrapped in DistributedDataParallel (known once it has run)."""
-        return any(type(root).__name__ == "DistributedDataParallel" for root in self.roots)
+        return any(type(root()).__name__ == "DistributedDataParallel" for root in self.roots if root() is not None)
 
     def _add_root(self, module) -> None:
         prefix = "" if not self.roots else type(module).__name__
-        self.roots.append(module)
+        self.roots.append(weakref.ref(module))
         for name, sub in module.named_modules(prefix=prefix):
-            self.module_names.setdefault(id(sub), name or type(module).__name__)
+            if self._module_name(sub) is None:
+                self.module_names[id(sub)] = (name or type(module).__name__, weakref.ref(sub))
         for name, param in module.named_parameters(prefix=prefix, remove_duplicate=False):
-            self.owners.param_name.setdefault(id(param), name)
+            self.owners.name_param(param, name)
             self._own(param, name, Kind.parameter)
             if param.requires_grad:
                 self._handles.append(param.register_post_accumulate_grad_hook(self._grad_ready))
@@ -520,13 +540,13 @@ class OpWalk(TorchDispatchMode):
         """A gradient is named as soon as backward has accumulated it, not only at the next
         optimizer step: before the first step it would otherwise be an unknown storage the
         runtime may not evict (10.9 GiB of them for the 3B example)."""
-        name = self.owners.param_name.get(id(param))
+        name = self.owners.param_name(param)
         if name is not None and param.grad is not None:
             self._own(param.grad, f"{name}.grad", Kind.gradient)
 
     def _optimizer_enter(self, optimizer, args, kwargs):
-        if all(o is not optimizer for o in self.optimizers):
-            self.optimizers.append(optimizer)
+        if all(ref() is not optimizer for ref in self.optimizers):
+            self.optimizers.append(weakref.ref(optimizer))
         self.refresh_owners()
         self.in_optimizer = True
         self._step_scope_depth, self._step_graph_task = len(self.scope), _graph_task_id()
@@ -543,7 +563,7 @@ class OpWalk(TorchDispatchMode):
         evict, and a budget below them could not be kept. State entries are added in order,
         each just before its tensors: a new entry, or new tensors in the newest, are what need
         naming (from the newest entry seen before on)."""
-        for optimizer in self.optimizers:
+        for optimizer in self._live_optimizers():
             state = optimizer.state
             newest = next(reversed(state.values())) if state else {}
             mark = (len(state), len(newest) if isinstance(newest, dict) else 0)
@@ -555,21 +575,30 @@ class OpWalk(TorchDispatchMode):
             for param, entry in itertools.islice(state.items(), start, None):
                 self._own_state(param, entry)
 
+    def _live_optimizers(self) -> list:
+        """The optimizers the job still holds; those it dropped are forgotten, with their marks
+        (a new optimizer may get a dropped one's id)."""
+        live = [optimizer for ref in self.optimizers if (optimizer := ref()) is not None]
+        if len(live) < len(self.optimizers):
+            self.optimizers = [weakref.ref(optimizer) for optimizer in live]
+            self._state_marks = {id(o): self._state_marks[id(o)] for o in live if id(o) in self._state_marks}
+        return live
+
     def refresh_owners(self) -> None:
         """Name gradients and optimizer state through the optimizers (Note [Tensor identity])."""
         by_key = self.owners.by_key
         for key in [key for key, (_, _, ref) in by_key.items() if ref.expired()]:
             del by_key[key]  # a gradient freed by zero_grad: its key may now be reused
-        for optimizer in self.optimizers:
+        for optimizer in self._live_optimizers():
             for group in optimizer.param_groups:
                 for param in group["params"]:
-                    name = self.owners.param_name.get(id(param))
+                    name = self.owners.param_name(param)
                     if name is not None and param.grad is not None:
                         self._own(param.grad, f"{name}.grad", Kind.gradient)
                     self._own_state(param, optimizer.state.get(param, {}))
 
     def _own_state(self, param, state) -> None:
-        name = self.owners.param_name.get(id(param))
+        name = self.owners.param_name(param)
         if name is None or not isinstance(state, dict):  # a custom optimizer's own layout
             return
         for key, value in state.items():

@@ -195,3 +195,16 @@ def test_deepcopies_of_moved_weights_mid_training_hold_true_values(tmp_path):
     mine, theirs = torch.load(tmp_path / "snapshots.pt"), torch.load(plain / "snapshots.pt")
     assert all(torch.equal(mine[part][k], theirs[part][k]) for part in theirs for k in theirs[part])
     assert report.iterations_on_plan >= 3 and report.offloaded_bytes_by_kind.get("parameter", 0) > 0
+
+
+def test_a_model_and_optimizer_the_job_drops_are_freed_as_in_the_plain_run(tmp_path):
+    """Note [Weak holds] in teraio/walk.py: the walk held every model and optimizer it had met,
+    so one dropped to resume in a fresh pair stayed alive, its memory with it (over budget)."""
+    plan = profile_and_plan(tmp_path, "fresh_model.py")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "fresh_model.py")
+    _, report = run_planned(tmp_path, plan, "fresh_model.py")
+    mine, theirs = (json.loads((folder / "fresh.json").read_text()) for folder in (tmp_path, plain))
+    assert theirs["freed"] and mine == theirs
+    assert report.peak_device_bytes <= report.budget_bytes
