@@ -191,7 +191,15 @@ class _Owners:
 
     def name_param(self, param, name: str) -> None:
         if self.param_name(param) is None:  # the first name a shared (tied) parameter meets stays
-            self.param_names[id(param)] = (name, weakref.ref(param))
+            self.param_names[id(param)] = (name, _weak(param))
+
+
+def _weak(obj):
+    """A weak reference (Note [Weak holds]), or a strong one for a class without them (__slots__)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def cuda_allocated_bytes() -> int:
@@ -458,10 +466,10 @@ class OpWalk(TorchDispatchMode):
         # Note [Weak holds]: the models and optimizers the job has used, held weakly, as the
         # module and parameter names: a model the job drops (a fresh one built to resume, a
         # discarded candidate) is freed as in the plain run, memory and all.
-        self.roots: list[weakref.ref] = []
-        self.optimizers: list[weakref.ref] = []
+        self.roots: list = []       # weak references (_weak)
+        self.optimizers: list = []
         self.scope: list[str] = []
-        self.module_names: dict[int, tuple[str, weakref.ref]] = {}  # id(module) -> (path, weak ref)
+        self.module_names: dict[int, tuple] = {}  # id(module) -> (path, weak reference)
         self.occurrences: dict[tuple, int] = {}
         self.in_optimizer = False
         self._step_scope_depth, self._step_graph_task = 0, -1  # Note [Steps with a closure]
@@ -524,10 +532,10 @@ class OpWalk(TorchDispatchMode):
 
     def _add_root(self, module) -> None:
         prefix = "" if not self.roots else type(module).__name__
-        self.roots.append(weakref.ref(module))
+        self.roots.append(_weak(module))
         for name, sub in module.named_modules(prefix=prefix):
             if self._module_name(sub) is None:
-                self.module_names[id(sub)] = (name or type(module).__name__, weakref.ref(sub))
+                self.module_names[id(sub)] = (name or type(module).__name__, _weak(sub))
         for name, param in module.named_parameters(prefix=prefix, remove_duplicate=False):
             self.owners.name_param(param, name)
             self._own(param, name, Kind.parameter)
@@ -546,7 +554,7 @@ class OpWalk(TorchDispatchMode):
 
     def _optimizer_enter(self, optimizer, args, kwargs):
         if all(ref() is not optimizer for ref in self.optimizers):
-            self.optimizers.append(weakref.ref(optimizer))
+            self.optimizers.append(_weak(optimizer))
         self.refresh_owners()
         self.in_optimizer = True
         self._step_scope_depth, self._step_graph_task = len(self.scope), _graph_task_id()
@@ -580,7 +588,7 @@ class OpWalk(TorchDispatchMode):
         (a new optimizer may get a dropped one's id)."""
         live = [optimizer for ref in self.optimizers if (optimizer := ref()) is not None]
         if len(live) < len(self.optimizers):
-            self.optimizers = [weakref.ref(optimizer) for optimizer in live]
+            self.optimizers = [_weak(optimizer) for optimizer in live]
             self._state_marks = {id(o): self._state_marks[id(o)] for o in live if id(o) in self._state_marks}
         return live
 
