@@ -49,7 +49,10 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
               f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
     if r.plan_pauses:
-        out.print(f"  plan paused in {r.plan_pauses} iteration(s) at ops unlike the trace's (evaluation, "
+        # the job's tail after its last step (a final save or evaluation) pauses too, in no iteration's row
+        tail = r.plan_pauses - sum(row.paused_at_kernel >= 0 for row in r.per_iteration)
+        where = f" ({tail} of them after the last step)" if tail > 0 else ""
+        out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
                   f"saving, another batch shape) and resumed at the next; first: {r.pause_reason}")
 
 

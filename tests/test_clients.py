@@ -75,6 +75,7 @@ def test_save_pretrained_safetensors_numpy_and_dlpack_after_training_see_true_va
     # the saves ran after the last step: the plan paused at their first op and said where
     assert report.plan_pauses == 1 and "not the traced op" in report.pause_reason
     assert report.per_iteration[-1].paused_at_kernel == -1  # the last training iteration was whole
+    assert "paused in 1 iteration(s) (1 of them after the last step)" in " ".join(proc.stderr.split())
 
 
 def test_evaluation_passes_pause_the_plan_which_resumes_and_training_stays_identical(tmp_path):
