@@ -107,11 +107,11 @@ def assert_stopped_cleanly(tmp_path, job_pid: int) -> None:
     assert load_report(tmp_path / "run.json").iterations >= 4
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
-def test_a_signal_to_teraio_stops_the_job_which_writes_its_report(job, tmp_path, signum):
-    env = dict(os.environ, **CPU_ENV)
+def signal_teraio(command: list[str], tmp_path, signum: int) -> tuple[int, int, str]:
+    """Start `teraio run` as a supervisor does, signal it once the job trains: (teraio's exit
+    status, the job's pid, what it printed)."""
     with open(tmp_path / "out.txt", "w") as out:
-        proc = subprocess.Popen(run_args(job, tmp_path), env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env=dict(os.environ, **CPU_ENV), stdout=out, stderr=subprocess.STDOUT)
         try:
             job_pid = wait_until_training(tmp_path, lambda: proc.poll() is None)
             proc.send_signal(signum)
@@ -119,7 +119,13 @@ def test_a_signal_to_teraio_stops_the_job_which_writes_its_report(job, tmp_path,
         finally:
             proc.kill()
             _kill_job(tmp_path)
-    assert status == 128 + signum, (tmp_path / "out.txt").read_text()
+    return status, job_pid, (tmp_path / "out.txt").read_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_to_teraio_stops_the_job_which_writes_its_report(job, tmp_path, signum):
+    status, job_pid, output = signal_teraio(run_args(job, tmp_path), tmp_path, signum)
+    assert status == 128 + signum, output
     assert_stopped_cleanly(tmp_path, job_pid)
 
 
@@ -127,17 +133,7 @@ def test_sigterm_reaches_the_jobs_own_handler_and_not_its_workers_as_in_a_plain_
     """`kill PID` (docker stop, Kubernetes) signals the one process: a job that chains the
     handler it finds behind its own (PyTorch Lightning) stops gracefully and exits 0 as it does
     plainly, and its DataLoader-like worker never sees the signal."""
-    env = dict(os.environ, **CPU_ENV)
-    with open(tmp_path / "out.txt", "w") as out:
-        proc = subprocess.Popen(run_args(job, tmp_path, "--graceful"), env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            job_pid = wait_until_training(tmp_path, lambda: proc.poll() is None)
-            proc.send_signal(signal.SIGTERM)
-            status = proc.wait(timeout=STOP_TIMEOUT_S)
-        finally:
-            proc.kill()
-            _kill_job(tmp_path)
-    output = (tmp_path / "out.txt").read_text()
+    status, job_pid, output = signal_teraio(run_args(job, tmp_path, "--graceful"), tmp_path, signal.SIGTERM)
     assert status == 0 and "training stopped gracefully" in output, output
     assert not (tmp_path / "ready.worker").exists()  # the worker was not signalled
     assert_stopped_cleanly(tmp_path, job_pid)
@@ -149,16 +145,8 @@ def test_sigterm_also_stops_what_a_shell_wrapper_leaves_behind(job, tmp_path):
     args = run_args(job, tmp_path)
     script = " ".join(args[args.index("--") + 1:])
     command = [*args[:args.index("--") + 1], "sh", "-c", f"{script}; true"]  # a compound: sh stays
-    with open(tmp_path / "out.txt", "w") as out:
-        proc = subprocess.Popen(command, env=dict(os.environ, **CPU_ENV), stdout=out, stderr=subprocess.STDOUT)
-        try:
-            job_pid = wait_until_training(tmp_path, lambda: proc.poll() is None)
-            proc.send_signal(signal.SIGTERM)
-            status = proc.wait(timeout=STOP_TIMEOUT_S)
-        finally:
-            proc.kill()
-            _kill_job(tmp_path)
-    assert status == 128 + signal.SIGTERM, (tmp_path / "out.txt").read_text()
+    status, job_pid, output = signal_teraio(command, tmp_path, signal.SIGTERM)
+    assert status == 128 + signal.SIGTERM, output
     assert_stopped_cleanly(tmp_path, job_pid)
 
 
