@@ -64,28 +64,20 @@ def _held(fn):
     return call_resident
 
 
-def _pinned(fn):
-    @functools.wraps(fn)
-    def call_pinned(tensor, *args, **kwargs):
-        pin = getattr(_listener(), "pin_for_raw_read", None)
-        if pin is not None:
-            pin(tensor)
-        return fn(tensor, *args, **kwargs)
+def _agent_first(method: str):
+    """A wrapper that lets the runtime agent's `method` see the call's first argument (a tensor
+    to pin, a storage to bring back) before the call runs; nothing without an agent."""
+    def wrapper(fn):
+        @functools.wraps(fn)
+        def call_after_agent(first, *args, **kwargs):
+            act = getattr(_listener(), method, None)
+            if act is not None:
+                act(first)
+            return fn(first, *args, **kwargs)
 
-    setattr(call_pinned, WRAPPED_MARK, True)
-    return call_pinned
-
-
-def _restored(fn):
-    @functools.wraps(fn)
-    def call_restored(storage, *args, **kwargs):
-        restore = getattr(_listener(), "restore_for_read", None)
-        if restore is not None:
-            restore(storage)
-        return fn(storage, *args, **kwargs)
-
-    setattr(call_restored, WRAPPED_MARK, True)
-    return call_restored
+        setattr(call_after_agent, WRAPPED_MARK, True)
+        return call_after_agent
+    return wrapper
 
 
 def wrap_module(module) -> None:
@@ -96,9 +88,9 @@ def wrap_module(module) -> None:
         _wrap(owner, attr, _held)
     if module.__name__ == "torch":
         for attr in EXPORTS:
-            _wrap(module.Tensor, attr, _pinned)
+            _wrap(module.Tensor, attr, _agent_first("pin_for_raw_read"))
         for attr in STORAGE_COPIES:
-            _wrap(module.UntypedStorage, attr, _restored)
+            _wrap(module.UntypedStorage, attr, _agent_first("restore_for_read"))
 
 
 def _wrap(owner, attr: str, wrapper) -> None:
