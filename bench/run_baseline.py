@@ -78,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--cprofile", metavar="STATS",
                    help="run the child under cProfile and write its stats here (slows Python code: "
                         "the result is for finding host time, not for the table)")
+    p.add_argument("--memory-history", metavar="PICKLE",
+                   help="CUDA: record the allocator's history over one more step after the measured ones "
+                        "and write its snapshot here (bench/alloc_trace.py reads it)")
     p.add_argument("--skip", metavar="REASON", help="write a 'skipped' result with this reason, run nothing")
     p.add_argument("--label", help="free text kept in the result, e.g. 'cap 1/2 of ideal'")
     p.add_argument("--timeout-s", type=float, default=600, help="the child run is killed after this")
@@ -321,6 +324,27 @@ def train(args, info, metrics):
         if i >= args.warmup:
             step_ms.append((time.perf_counter() - t0) * 1e3)
     metrics.update(summarize(step_ms, batch * cfg.seq), losses=losses)
+    if args.memory_history and device.type == "cuda":
+        info["phase"] = "the step under the allocator's history"
+        record_allocator_history(lambda: step(*data.next(device), autocast).item(), args.memory_history)
+
+
+def record_allocator_history(run_step, out_path):
+    """One step with the CUDA allocator recording every alloc, free, segment map and unmap
+    (Python stacks at each alloc, to say who asked); outside the measured steps because
+    recording slows the allocator."""
+    import pickle
+
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=2_000_000)
+    run_step()
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(out_path, "wb") as f:
+        pickle.dump(snapshot, f)
 
 
 def run_child(args):
