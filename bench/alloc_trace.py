@@ -32,7 +32,11 @@ def caller(entry: dict) -> str:
 
 
 def flushes(trace: list[dict]) -> list[dict]:
-    """Runs of unmaps (a release of every free page) with their bytes and how long they took."""
+    """Each release of every free page: a run of unmaps, with the run of completed frees before
+    it (the allocator first waits for every block freed under record_stream, freeing each as
+    its event passes), its bytes, and how long it took: `ms` from the last event before those
+    waits to the first event after the unmaps, `unmap_ms` the unmaps alone (each one waits
+    for the segment's stream first)."""
     runs, i = [], 0
     while i < len(trace):
         if trace[i]["action"] != "segment_unmap":
@@ -41,9 +45,14 @@ def flushes(trace: list[dict]) -> list[dict]:
         j = i
         while j < len(trace) and trace[j]["action"] == "segment_unmap":
             j += 1
-        start = trace[i - 1].get("time_us", 0) if i else trace[i].get("time_us", 0)
-        end = trace[j].get("time_us", start) if j < len(trace) else trace[j - 1].get("time_us", start)
-        runs.append({"unmaps": j - i, "bytes": sum(e["size"] for e in trace[i:j]), "ms": (end - start) / 1e3})
+        w = i
+        while w > 0 and trace[w - 1]["action"] == "free_completed":
+            w -= 1
+        before = trace[max(0, w - 1)].get("time_us", 0)
+        unmaps_from = trace[i - 1].get("time_us", before) if i else before
+        after = trace[min(j, len(trace) - 1)].get("time_us", unmaps_from)
+        runs.append({"unmaps": j - i, "frees_waited": i - w, "bytes": sum(e["size"] for e in trace[i:j]),
+                     "ms": (after - before) / 1e3, "unmap_ms": (after - unmaps_from) / 1e3})
         i = j
     return runs
 
@@ -95,6 +104,7 @@ def summarize(snapshot: dict) -> dict:
                           for k, row in sorted(by_caller.items(), key=lambda kv: -kv[1]["mapping_ms"])},
             "mapping_allocs_per_tenth_of_step": tenths,
             "flushes": len(runs), "flush_ms": round(sum(r["ms"] for r in runs), 1),
+            "flush_unmap_ms": round(sum(r["unmap_ms"] for r in runs), 1),
             "flush_unmapped_mib": round(sum(r["bytes"] for r in runs) / MIB, 1), "flush_runs": runs[:20]}
 
 
@@ -102,7 +112,11 @@ def print_summary(s: dict) -> None:
     print(f"one step, {s['step_ms']:.0f} ms of allocator events")
     for action, n in sorted(s["actions"].items()):
         print(f"  {action:<16} {n:>7}  {s['action_mib'].get(action, 0):>10.1f} MiB")
-    print(f"  flushes (runs of unmaps): {s['flushes']}, {s['flush_ms']} ms, {s['flush_unmapped_mib']} MiB unmapped")
+    print(f"  flushes (runs of unmaps): {s['flushes']}, {s['flush_ms']} ms ({s['flush_unmap_ms']} ms unmapping, "
+          f"the rest waiting for record_stream frees), {s['flush_unmapped_mib']} MiB unmapped")
+    for run in s["flush_runs"]:
+        print(f"    {run['frees_waited']:>4} frees waited, {run['unmaps']:>4} unmaps, {run['bytes'] / MIB:>8.0f} MiB, "
+              f"{run['ms']:>7.1f} ms ({run['unmap_ms']:.1f} unmapping)")
     print("  allocations that mapped memory first, by tenth of the step:", s["mapping_allocs_per_tenth_of_step"])
     print(f"  {'who asked':<44} {'allocs':>7} {'MiB':>9} {'mapping':>8} {'mapped MiB':>11} {'ms':>8}")
     for name, row in s["by_caller"].items():

@@ -13,3 +13,4 @@ ${ALLOC_CONF:+env PYTORCH_CUDA_ALLOC_CONF=$ALLOC_CONF} timeout 300 python3 bench
     --preset 3b --dtype fp32 --warmup 2 --steps 3 --gpu-mem $CAP --plan /tmp/p3b.json \
     --memory-history /tmp/alloc.pickle --label "alloc trace ${ALLOC_CONF:-default}" --out $OUT/alloc_trace.jsonl 2>&1 | tail -3
 python3 bench/alloc_trace.py /tmp/alloc.pickle --json $OUT/alloc_trace.json | tee $OUT/alloc_trace.txt
+gzip -c /tmp/alloc.pickle > /tmp/alloc.pickle.gz; [ $(stat -c %s /tmp/alloc.pickle.gz) -lt 60000000 ] && cp /tmp/alloc.pickle.gz $OUT/
