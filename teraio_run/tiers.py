@@ -13,14 +13,7 @@ Note [Stream ordering on CUDA]
   but the 3B run at half its peak took 2.15 s per step instead of 1.87 s: reverted.)
 - Copy-in: the storage is re-allocated on the compute stream; the side stream waits for an
   event recorded after that allocation (the block may be one that queued kernels just
-  released), and the compute stream waits for the copy's event before the first use. No
-  `record_stream` on the new block: the engine holds the storage until that wait is queued
-  (every path that lets a storage being brought back go waits first), so any later free is
-  ordered after the copy on the stream it was allocated on. With `record_stream`, each
-  restored block, freed in the backward pass long after its copy, waited for the whole queue
-  of copy-ins behind it, and the allocator, out of room at the cap, waited for all of them
-  before releasing its free pages: 300 of the 380 ms its flushes took per 3B step at 1/2
-  (H200, bench/alloc_trace.py; docs/runtime.md, Re-allocation at the cap).
+  released), and the compute stream waits for the copy's event before the first use.
 - SSD tier (KvikIO runs in its own threads, not on a stream): the I/O thread waits for the
   compute-stream event before touching device memory, and the engine waits for the future
   before the tensor is used (a real host wait, counted as a stall when not done in time).
@@ -78,14 +71,13 @@ class Transfer:
     is the copy's (start, end) on the monotonic clock, or a CopyFailed) or a pair of CUDA
     events around a stream copy."""
 
-    __slots__ = ("future", "event", "start", "path", "nbytes", "interval", "allocated_on")
+    __slots__ = ("future", "event", "start", "path", "nbytes", "interval")
 
     def __init__(self, path: str, nbytes: int, future: Future | None = None, event=None, start=None,
-                 interval: tuple[float, float] | None = None, allocated_on: torch.cuda.Stream | None = None):
+                 interval: tuple[float, float] | None = None):
         self.path, self.nbytes = path, nbytes
         self.future, self.event, self.start = future, event, start
         self.interval = interval  # of a copy made in the caller's thread: done already
-        self.allocated_on = allocated_on  # a copy-in's target block: the stream it belongs to
 
     def done(self) -> bool:
         if self.future is not None and not self.future.done():
@@ -93,16 +85,11 @@ class Transfer:
         return self.event is None or self.event.query()
 
     def wait(self) -> CopyFailed | None:
-        """Blocks until done (a stream copy: the compute stream waits, and the stream a copy-in's
-        block was allocated on if the job has switched since); returns its failure."""
+        """Blocks until done (a stream copy: the compute stream waits); returns its failure."""
         if self.future is not None:
             return self.error_when_done()
         if self.event is not None:
-            compute = compute_stream()
-            compute.wait_event(self.event)  # device-side: no host sync
-            allocated_on = self.allocated_on
-            if allocated_on is not None and allocated_on.cuda_stream != compute.cuda_stream:
-                allocated_on.wait_event(self.event)  # its frees must come after the copy
+            compute_stream().wait_event(self.event)  # device-side: no host sync
         return None
 
     def error_when_done(self) -> CopyFailed | None:
@@ -155,18 +142,17 @@ def compute_stream() -> torch.cuda.Stream:
     return torch.cuda.current_stream(torch.cuda.current_device())
 
 
-def _stream_copy(stream, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor | None = None):
-    """dst.copy_(src) on `stream` between two timing events; `keep_alive`'s block, if given, is
-    not reused by the allocator before the copy has passed (record_stream). The stream is set
-    and restored by hand for the reason in compute_stream."""
+def _stream_copy(stream, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor):
+    """dst.copy_(src) on `stream` between two timing events; `keep_alive`'s block is not
+    reused by the allocator before the copy has passed (record_stream). The stream is set and
+    restored by hand for the reason in compute_stream."""
     compute = compute_stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.set_stream(stream)
     try:
         start.record(stream)
         dst.copy_(src, non_blocking=True)
-        if keep_alive is not None:
-            keep_alive.record_stream(stream)
+        keep_alive.record_stream(stream)
         end.record(stream)
     finally:
         torch.cuda.set_stream(compute)
@@ -355,12 +341,12 @@ class HostTier:
         dst, src = byte_view(storage), self.pool.slice(slot, nbytes)
         if not self.cuda:
             return cpu_copy(self.threads, "h2d", dst, src)
-        allocated_on = compute_stream()
-        self.h2d_stream.wait_stream(allocated_on)  # the new block is free to write
+        self.h2d_stream.wait_stream(compute_stream())  # the new block is free to write
         if after_out is not None and after_out.event is not None:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
-        start, end = _stream_copy(self.h2d_stream, dst, src)  # no record_stream: Note [Stream ordering on CUDA]
-        return Transfer("h2d", nbytes, event=end, start=start, allocated_on=allocated_on)
+        # keep_alive=dst: if the tensor is freed before its use, the block is not reused under the copy
+        start, end = _stream_copy(self.h2d_stream, dst, src, keep_alive=dst)
+        return Transfer("h2d", nbytes, event=end, start=start)
 
 
 def host_memoryview(data: torch.Tensor) -> memoryview:
