@@ -27,7 +27,8 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         last = planned[-1]
         out.print(f"  last planned iteration: {format_ms(last.ms)}, of which host time in the walk and agent "
                   f"{format_ms(last.walk_ms)} (stalls {format_ms(last.stall_ms)}), inside ops "
-                  f"{format_ms(last.op_launch_ms)}; copies kept the links busy {format_ms(last.copy_busy_ms)}")
+                  f"{format_ms(last.op_launch_ms)}, the job's own code between ops {format_ms(last.between_ops_ms)}; "
+                  f"copies kept the links busy {format_ms(last.copy_busy_ms)}")
         out.print(f"    starting its {last.copies_issued} copies took {format_ms(last.copy_issue_ms)} of that host "
                   f"time, re-allocating device memory {format_ms(last.restore_alloc_ms)}"
                   + (f"; the allocator synchronized {last.allocator_syncs} times to stay under the cap"

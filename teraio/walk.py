@@ -88,6 +88,18 @@ BACKWARD_SCOPE = "bwd"
 OOM_RETRIES = 3
 MULTI_TENSOR_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagrad")
 MULTI_TENSOR_CHUNK_BYTES = 512 * 2**20   # Note [Multi-tensor ops]: ~100 launches for a 3B AdamW step
+BETWEEN_OPS_LIMIT_S = 1e-3   # Note [Time between ops]
+
+# Note [Time between ops]
+# The job's thread also spends time in its own code between two ops: nn.Module calls, the
+# autograd engine, the optimizer's Python. On a GPU that time is what a job of short kernels
+# waits for, and it cannot be told from a wait for the device from outside (the iteration's
+# time less the walk and the ops is both). So the walk adds up the gaps between the end of one
+# op and the start of the next that are shorter than BETWEEN_OPS_LIMIT_S: a job's Python
+# between two ops takes microseconds, while a wait for the device (a synchronize outside ATen,
+# data loading) takes milliseconds. Time the job spends in longer stretches of its own is not
+# counted. The run report says it per iteration (`between_ops_ms`); calibration charges it per
+# kernel (teraio_plan/calibrate.py).
 
 
 class WeakStorage:
@@ -447,9 +459,11 @@ class OpWalk(TorchDispatchMode):
         self.steps = 0                # optimizer steps (or teraio_step calls) since the job started
         self.iteration = 0
         self.kernel = 0               # index of the next op within the current iteration
-        # Host seconds spent in the walk and listener around ops, and inside the ops themselves
-        # (PyTorch's own launch cost): when they add up to the iteration, the CPU is the bottleneck.
-        self.host_s = {"walk": 0.0, "ops": 0.0}
+        # Host seconds spent in the walk and listener around ops, inside the ops themselves
+        # (PyTorch's own launch cost), and in the job's own code between two ops (Note [Time
+        # between ops]): when they add up to the iteration, the CPU is the bottleneck.
+        self.host_s = {"walk": 0.0, "ops": 0.0, "between": 0.0}
+        self._last_op_end = 0.0
         # Started just before and stopped just after each op's call, when set (the profiler's
         # kernel clock): a kernel's time is the op's, not the bookkeeping around it.
         self.op_clock = None
@@ -678,6 +692,9 @@ class OpWalk(TorchDispatchMode):
     def _walk_op(self, func, args, kwargs, info):
         """One kernel: name its storages, let the listener act around it, run it."""
         t0 = perf_counter()
+        host_s = self.host_s
+        if t0 - self._last_op_end < BETWEEN_OPS_LIMIT_S:
+            host_s["between"] += t0 - self._last_op_end
         k = self.kernel
         self.kernel = k + 1
         if self.in_optimizer:
@@ -706,9 +723,9 @@ class OpWalk(TorchDispatchMode):
         self.last_call = (args, kwargs, out_tensors)
         listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
         self.last_call = None
-        host_s = self.host_s
         host_s["ops"] += t2 - t1
-        host_s["walk"] += perf_counter() - t2 + t1 - t0
+        self._last_op_end = end = perf_counter()
+        host_s["walk"] += end - t2 + t1 - t0
         return out
 
     def _count_writes(self, written, args, kwargs) -> list[StorageRecord]:

@@ -16,8 +16,9 @@ plan:
   copy out or in (device re-allocation included) per copy; host_us_per_replay, the time
   replaying an op per replay (on a GPU: launching it); host_us_per_kernel, the rest per
   kernel. On a GPU that rest is the walk and the agent, stalls, copies and replays taken out,
-  plus the time inside the ops' calls (PyTorch's launch cost); the job's own Python between
-  ops is not separable from waiting for the device there and is left out. On the CPU, where
+  plus the time inside the ops' calls (PyTorch's launch cost) and the job's own code between
+  ops (gaps under 1 ms: Note [Time between ops] in teraio/walk.py; reports from before it was
+  measured give 0). On the CPU, where
   the thread runs the kernels itself, it is everything but the time inside the ops, the
   stalls, the copies and the replays (the walk, the job's Python, the dispatch). A CPU replay
   runs the op itself, whose time the simulator already puts on the compute timeline (the
@@ -109,7 +110,7 @@ def _per_kernel_us(row, on_cpu: bool) -> float:
     actions_ms = row.stall_ms + row.copy_issue_ms + replay_ms
     if on_cpu:  # all of the iteration but the kernels (inside the ops)
         return max(0.0, row.ms - row.op_launch_ms - actions_ms) * 1e3 / row.kernels
-    return max(0.0, row.walk_ms - actions_ms + row.op_launch_ms) * 1e3 / row.kernels
+    return max(0.0, row.walk_ms - actions_ms + row.op_launch_ms + row.between_ops_ms) * 1e3 / row.kernels
 
 
 def _measured_rates(report: RunReport, num_ssds: int) -> dict[str, float]:

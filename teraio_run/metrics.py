@@ -43,6 +43,7 @@ class IterationLog:
                 "other_tier_bytes": stats.other_tier_bytes,
                 "copy_busy_ms": sum(engine.meter.busy_s.values()) * 1e3,
                 "walk_ms": host_s["walk"] * 1e3, "op_launch_ms": host_s["ops"] * 1e3,
+                "between_ops_ms": host_s["between"] * 1e3,
                 "replays": stats.replays, "replay_ms": stats.replay_ms, "copies_issued": stats.copies_issued,
                 "copy_issue_ms": stats.copy_issue_ms, "restore_alloc_ms": stats.restore_alloc_ms,
                 **self._allocator_counts()}

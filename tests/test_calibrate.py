@@ -162,6 +162,17 @@ def test_host_time_is_measured_per_copy_per_replay_and_per_kernel_on_a_gpu(work)
     assert measured["host_us_per_kernel"] == 90.0      # median of walk - stall - copies - replays + launch: 90, 90, 260
 
 
+def test_on_a_gpu_the_jobs_own_code_between_ops_is_charged_per_kernel(work):
+    """Note [Time between ops]: a job of short kernels waits for its own Python too; a report that
+    measured it (between_ops_ms) adds it to the figure per kernel."""
+    tmp, plan_args = work
+    trace = load_trace(tmp / "trace.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
+    rows = [{**row, "between_ops_ms": 30.0} for row in ROWS]
+    measured = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", rows), set()).calibration.measured
+    assert measured["host_us_per_kernel"] == 120.0     # 90 as above, plus 30 ms over 1000 kernels
+
+
 def test_on_the_cpu_a_replay_is_the_ops_run_not_host_time(work):
     """Note [Calibration]: the simulator puts a replayed op's time on the compute timeline, so a
     CPU run's replay time is charged neither per replay nor per kernel."""

@@ -40,6 +40,8 @@ class IterationRow(Strict):
     offloaded_bytes: int
     walk_ms: float = Field(0.0, description="host time in the op walk and the agent, stalls included")
     op_launch_ms: float = Field(0.0, description="host time inside the ops (PyTorch's launch cost)")
+    between_ops_ms: float = Field(0.0, description="host time in the job's own code between two ops, gaps "
+                                  "under 1 ms (teraio/walk.py, Note [Time between ops])")
     copy_busy_ms: float = Field(0.0, description="time copies kept their paths busy (d2h, h2d, d2s, s2d "
                                 "summed): near the iteration time, the iteration is bound by the links")
     other_tier_bytes: int = Field(0, description="offloads put on the other tier: the host pool had no room")
