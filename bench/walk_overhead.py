@@ -5,7 +5,9 @@
 Times 5000 small CPU ops (two 16-element tensors) plainly, under an empty TorchDispatchMode
 (what any dispatch mode costs), and under the walk with a listener that does nothing: an
 in-place addition (makes no storage: the walk only looks its inputs up) and an addition that
-makes a storage (the walk names and records it). Best of 5 rounds, in us per op; the walk
+makes a storage (the walk names and records it), and that last one again with the wrapper
+PyTorch would put around the walk's __torch_dispatch__ (torch._dynamo.disable; Note [Dynamo
+off in the walk] in teraio/walk.py), which the walk turns off. Best of 5 rounds, in us per op; the walk
 forgets the records of freed storages after each round, as the runtime does at each
 iteration end. docs/runtime.md, "Host cost per kernel", keeps the results.
 """
@@ -38,8 +40,19 @@ def us_per_op(op, x: torch.Tensor, y: torch.Tensor, walk: OpWalk | None = None) 
     return best
 
 
-def under_walk(op, x, y) -> float:
-    walk = OpWalk(WalkListener(), "cpu")
+class WalkInDynamoWrapper(OpWalk):
+    """The walk as PyTorch would wrap it by default (plus one delegating call)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return OpWalk.__torch_dispatch__(self, func, types, args, kwargs)
+
+
+def under_walk(op, x, y, walk_class=OpWalk) -> float:
+    walk = walk_class(WalkListener(), "cpu")
     activate(walk)
     try:
         us_per_op(op, x, y, walk)  # first ops pay one-time imports and memos
@@ -58,9 +71,11 @@ def main() -> None:
         empty = us_per_op(makes, x, y)
     no_storage = under_walk(in_place, x, y)
     storage = under_walk(makes, x, y)
+    wrapped = under_walk(makes, x, y, WalkInDynamoWrapper)
     print(f"plain {plain:.1f} us/op; empty dispatch mode {empty:.1f} (+{empty - plain:.1f}); "
           f"walk, op that makes no storage {no_storage:.1f} (+{no_storage - plain:.1f}); "
-          f"walk, op that makes one {storage:.1f} (+{storage - plain:.1f})")
+          f"walk, op that makes one {storage:.1f} (+{storage - plain:.1f}); "
+          f"the same in torch's dynamo wrapper {wrapped:.1f} (+{wrapped - plain:.1f})")
 
 
 if __name__ == "__main__":
