@@ -50,11 +50,12 @@ LARGE_BUDGET_FACTOR = 1000    # the unplanned run's budget, times the traced pea
 TARGET_US = {"cpu": {"planned": 25, "unplanned": 50}, "cuda": {"planned": 15, "unplanned": 50}}
 
 
-def run_checked(cmd: list[str], cwd: Path) -> str:
+def run_checked(cmd: list[str], cwd: Path, stderr: bool = False) -> str:
+    """The command's stdout (its stderr with `stderr`); exits with its error if it failed."""
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return proc.stderr if stderr else proc.stdout
 
 
 def teraio(*args) -> list[str]:

@@ -11,6 +11,18 @@ earlier, so the walk misses nothing; on CPU (CI) the first op is usually a param
 initialisation. Launchers run few ops, but some on the CPU, so they are also refused by
 name (`is_launcher_process`), and DataLoader workers by their worker info.
 
+Note [Imports out of the collector]
+Once torch is imported, before the job has made anything, the bootstrap moves every object
+that exists to the collector's permanent generation (gc.freeze): modules, functions and
+classes, which are never garbage, so full collections stop walking them. The job's own
+objects are collected as usual; what the imports left as garbage in cycles is never freed (a
+little host memory). `python bench/gc_cost.py` (the 12-layer CPU example, 8 steps, planned at
+half its peak): collection time over the run 1,243 ms (982 of it full collections) without,
+682 ms (398) with; the plain job 887-1,122 ms, nearly all before its first step. In the
+steps, a full collection comes every several iterations either way (the walk's records, two
+small objects per storage an iteration makes, outlive the young generations): 127-175 ms
+each with the freeze, 317 ms without, in runs of the same job.
+
 Modes nest: a mode's __torch_dispatch__ runs with that mode popped, and it is pushed back on
 top when the handler returns, so the walk that the agent pushes from inside the trigger ends
 up below it. The trigger then only forwards (one Python call per op) until the next module
@@ -19,6 +31,7 @@ from the first forward on the walk is alone. Modules already running when the ag
 are replayed into the walk, so it finds its root and scopes as if it had been there first.
 """
 
+import gc
 import os
 import sys
 import threading
@@ -102,3 +115,4 @@ def arm() -> None:
 
     compile_guard.install(settings.strict)
     StartOnFirstOp(settings, threading.get_ident()).push()
+    gc.freeze()  # Note [Imports out of the collector]
