@@ -32,13 +32,12 @@ it (a script that catches the error cannot train on garbage). It is raised insid
 dispatch mode, possibly in an autograd thread; autograd re-raises it in the thread that
 called backward(), so it reaches the script's top level like any error of the job. There a
 hook installed at the first loss prints the one line instead of a traceback through the
-job's, PyTorch's and our frames (ours say nothing the line does not), and Python exits with
+job's, PyTorch's and our frames (teraio_run/stops.py), and Python exits with
 status 1 after the atexit handlers: the report is written and counts the loss. A script that
 swallows the error still exits with status 1 (teraio_run/report.py, finish).
 """
 
 import sys
-import threading
 import time
 import weakref
 from collections import deque
@@ -46,8 +45,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from teraio.errors import TeraioError
 from teraio.formats.trace import Kind
+from teraio_run.stops import CannotGoOnExactly, stop
 from teraio_run.tiers import CopyFailed, Tier, Transfer
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
@@ -417,8 +416,7 @@ class MigrationEngine:
         self._release_slot(moved)
         self.stats.io_errors += 1
         self.stats.lost_tensors[record.id] = str(failed)
-        install_one_line_errors()
-        raise SwapDataLost(lost_message(record.id, str(failed)))
+        raise stop(SwapDataLost(lost_message(record.id, str(failed))))
 
     def _reap_released(self) -> None:
         """Free the pool slots of finished copy-ins, oldest first (one stream: in order)."""
@@ -521,7 +519,7 @@ def _wait_quietly(transfer: Transfer | None) -> None:
         transfer.wait()
 
 
-class SwapDataLost(TeraioError):
+class SwapDataLost(CannotGoOnExactly):
     """A swap file could not be read back: the tensor's bytes are gone (Note [Lost swap files])."""
 
 
@@ -531,34 +529,3 @@ def lost_message(tensor_id: str, failure: str) -> str:
             "and restart from the last checkpoint")
 
 
-def install_one_line_errors() -> None:
-    """Note [Lost swap files]: an uncaught SwapDataLost prints as its one line, in any thread."""
-    if getattr(sys.excepthook, "teraio_one_line", False):
-        return
-    previous, previous_thread = sys.excepthook, threading.excepthook
-
-    def hook(kind, err, tb):
-        lost = _lost_in_chain(err)
-        if lost is None:
-            return previous(kind, err, tb)
-        print(f"teraio: error: {lost}", file=sys.stderr)
-
-    def thread_hook(args):
-        lost = _lost_in_chain(args.exc_value)
-        if lost is None:
-            return previous_thread(args)
-        print(f"teraio: error: {lost}", file=sys.stderr)
-
-    hook.teraio_one_line = True
-    sys.excepthook, threading.excepthook = hook, thread_hook
-
-
-def _lost_in_chain(err: BaseException | None) -> SwapDataLost | None:
-    """The SwapDataLost behind an error, also one the script wrapped in its own."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, SwapDataLost):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None

@@ -45,15 +45,15 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from teraio.errors import TeraioError
 from teraio.walk import tensors_in
+from teraio_run.stops import CannotGoOnExactly, stop
 from teraio_run.tiers import Transfer
 
 REPLAY_PATH = "replay"   # a Transfer's path no link meter counts
 CAST_KWARGS = {"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}
 
 
-class ReplayMismatch(TeraioError):
+class ReplayMismatch(CannotGoOnExactly):
     """A replay would not make the bytes it replaces (Note [Replay]): training cannot go on exactly."""
 
 
@@ -140,8 +140,8 @@ class ReplayTier:
     def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer:
         call = self.slots[slot]
         if not call.unwritten():
-            raise ReplayMismatch(f"an input of {call.record.id} was written while it was released: its replay "
-                                 "would differ; run with --no-clean-copies if the job writes tensors outside ATen ops")
+            raise stop(ReplayMismatch(f"an input of {call.record.id} was written while it was released: its replay "
+                                 "would differ; run with --no-clean-copies if the job writes tensors outside ATen ops"))
         t0 = time.perf_counter()
         with _disable_current_modes(), torch.no_grad(), torch.autocast(self.device_type, enabled=False):
             _replay_into(call, storage)
@@ -180,8 +180,8 @@ def _replay_into(call: Call, storage) -> None:
         return
     made = tensors_in(call.func(*call.args, **call.kwargs), [])[call.out_index].untyped_storage()
     if made.nbytes() != storage.nbytes():
-        raise ReplayMismatch(f"replaying {call.func} made {made.nbytes()} bytes for {call.record.id}, "
-                             f"which has {storage.nbytes()}")
+        raise stop(ReplayMismatch(f"replaying {call.func} made {made.nbytes()} bytes for {call.record.id}, "
+                                  f"which has {storage.nbytes()}"))
     storage.copy_(made)
 
 

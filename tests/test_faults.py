@@ -149,3 +149,27 @@ def test_a_swap_file_that_vanished_stops_the_job_with_one_line_and_a_report(work
         assert f"the bytes of {tensor} are lost" in errors[0] and failure in errors[0]
     assert report.io_errors >= 1 and report.iterations == 3  # stopped in the first iteration that needed it
     assert not list(ssd.iterdir())  # the swap folder is cleaned up all the same
+
+
+STOPPED_IN_A_THREAD = """
+import threading
+from teraio_run.replay import ReplayMismatch
+from teraio_run.stops import stop
+
+def backward():  # autograd re-raises in the caller; a job's own thread may not
+    raise stop(ReplayMismatch("replaying aten.mm.default made 8 bytes for t1, which has 16"))
+
+thread = threading.Thread(target=backward)
+thread.start(); thread.join()
+try:
+    backward()
+except Exception as err:
+    raise RuntimeError("the script's own wrapper") from err
+"""
+
+
+def test_a_replay_that_would_not_be_exact_stops_the_job_with_one_line():
+    """A ReplayMismatch is said like a lost swap file: one line, in any thread, no traceback."""
+    proc = subprocess.run([PYTHON, "-c", STOPPED_IN_A_THREAD], capture_output=True, text=True)
+    line = "teraio: error: replaying aten.mm.default made 8 bytes for t1, which has 16\n"
+    assert (proc.returncode, proc.stderr) == (1, line * 2)
