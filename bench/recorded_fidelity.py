@@ -7,7 +7,8 @@ A bench result line (bench/run_baseline.py) keeps the run report's body but not 
 this rebuilds the report of line --calibrate-from for the trace its plan came from, calibrates
 with it (`teraio plan --calibrate`), then plans every line's configuration again with and
 without those figures (the plan options are the ones each run recorded) and prints the
-predicted iteration against the measured median step. The lines must be runs of plans made
+predicted iteration against the measured median step, and the plan the run ran (made again
+without the figures) replayed with them: the calibrated planner may choose other actions. The lines must be runs of plans made
 from TRACE; the planner's code is this checkout's, not the recorded commit's.
 """
 
@@ -26,6 +27,7 @@ from teraio.formats.common import Producer
 from teraio.formats.plan import load_plan
 from teraio.formats.report import ReportHeader, RunReport, save_report
 from teraio.formats.trace import load_trace
+from teraio_plan.simulator import simulate
 
 
 def report_of(line: dict, trace) -> RunReport:
@@ -63,11 +65,16 @@ def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0)
         save_report(report_of(lines[calibrate_from], trace), report_path)
         for i, line in enumerate(lines):
             options = plan_args(line["config"]["system_config"])
+            plan, calibrated_plan = Path(tmp) / f"plan{i}.json", Path(tmp) / f"cal{i}.json"
             rows.append({"label": line["label"], "calibrating": i == calibrate_from,
                          "measured_ms": line["metrics"]["step_ms_median"],
-                         "predicted_ms": predicted_ms(trace_path, options, Path(tmp) / f"plan{i}.json"),
+                         "predicted_ms": predicted_ms(trace_path, options, plan),
                          "calibrated_ms": predicted_ms(trace_path, [*options, "--calibrate", str(report_path)],
-                                                       Path(tmp) / f"cal{i}.json")})
+                                                       calibrated_plan),
+                         # the plan the run ran (made with the recorded options) under the measured figures:
+                         # the calibrated planner may choose other actions than the run's plan has
+                         "ran_plan_calibrated_ms": simulate(trace, load_plan(plan),
+                                                            load_plan(calibrated_plan).header.inputs).iteration_ms})
     return rows
 
 
@@ -77,12 +84,14 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--calibrate-from", type=int, default=0, help="the line whose report calibrates")
     args = parser.parse_args()
-    table = Table("run", "measured ms", "predicted ms", "error", "calibrated ms", "error", title_justify="left")
+    table = Table("run", "measured ms", "predicted ms", "error", "calibrated ms", "error",
+                  "the run's plan, calibrated", "error", title_justify="left")
     for row in fidelity_rows(args.trace, args.results, args.calibrate_from):
         measured = row["measured_ms"]
         table.add_row(row["label"] + (" (calibrating)" if row["calibrating"] else ""), f"{measured:,.1f}",
                       f"{row['predicted_ms']:,.1f}", f"{row['predicted_ms'] / measured - 1:+.1%}",
-                      f"{row['calibrated_ms']:,.1f}", f"{row['calibrated_ms'] / measured - 1:+.1%}")
+                      f"{row['calibrated_ms']:,.1f}", f"{row['calibrated_ms'] / measured - 1:+.1%}",
+                      f"{row['ran_plan_calibrated_ms']:,.1f}", f"{row['ran_plan_calibrated_ms'] / measured - 1:+.1%}")
     Console().print(table)
 
 
