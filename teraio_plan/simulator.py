@@ -25,8 +25,17 @@ plan --calibrate`, Note [Calibration]), so a plan with more actions than the cal
 costs more host time (a prefetch that cancels a running offload starts none). While
 kernels are longer than that the thread runs ahead and its time is hidden; a run of short
 kernels waits for it (the small-batch jobs of issue 16: 7,994 kernels, 173 ms plainly, ~1.2 s
-under a plan whose link time was ~0.3 s). A stall is a wait on the thread too: it issues
-nothing until the wait is over. With 0 (uncalibrated plans) kernels never wait for the host.
+under a plan whose link time was ~0.3 s). With 0 (uncalibrated plans) kernels never wait for
+the host.
+
+Note [Device-side waits]
+Which stalls hold the thread too, as in the runtime (Note [Stream ordering on CUDA] in
+teraio_run/tiers.py): a copy back from the host pool is a stream copy, and the compute stream
+waits for its event on the device while the thread goes on issuing; a read from a swap file
+runs in an I/O thread, whose future the job's thread waits for; a kernel short of memory waits
+for copies out to finish (the allocator, at the cap, synchronizes). Before, every stall held
+the thread: on the 3B at 1/4 of its peak, where the thread and the links are both nearly the
+bound, the run's own plan with its own figures replayed 18.5% slow (docs/planner.md).
 On the CPU the thread runs each kernel itself: nothing runs ahead, host time adds up. Kernels
 take the trace's times PlannerInputs.kernel_time_scale (1 unless a CPU run calibrated it).
 
@@ -334,17 +343,21 @@ class _Sim:
         if self.measuring:
             self.bytes_by_path[tr.path] += int(tr.nbytes)
 
-    def _before_kernel(self, g: int) -> tuple[bool, bool]:
+    def _before_kernel(self, g: int) -> tuple[bool, bool, bool]:
+        """(input stall, memory stall, whether the thread waited too: Note [Device-side waits])."""
         self._advance(self.clock_us)
         todo = self.events.before.get(g, ())
         for what, inst, deadline in todo:
             if what == "prefetch":
                 self._prefetch(inst, deadline)
-        input_stall = False
+        input_stall = thread_waited = False
         for what, inst, _ in todo:
             if what == "need" and inst.prefetch is not None:
-                input_stall |= self._wait_for(inst.prefetch)
-        return input_stall, self._wait_for_memory(g)
+                waited = self._wait_for(inst.prefetch)
+                input_stall |= waited
+                thread_waited |= waited and inst.prefetch.path == "s2d"
+        memory_stall = self._wait_for_memory(g)
+        return input_stall, memory_stall, thread_waited or memory_stall
 
     def _after_kernel(self, g: int) -> None:
         for inst, deadline in self.events.after.get(g, ()):
@@ -382,13 +395,13 @@ class _Sim:
                 self.measuring, self.cancelled, start_us = True, 0, self.clock_us
                 measured_from_us = self.replayed_us
             ready_us, replayed_before_us = self.clock_us, self.replayed_us
-            input_stall, memory_stall = self._before_kernel(g)
+            input_stall, memory_stall, thread_waited = self._before_kernel(g)
             if self.measuring:
                 stall_us += self.clock_us - ready_us - (self.replayed_us - replayed_before_us)
                 stalls[0] += input_stall
                 stalls[1] += memory_stall
                 memory_bytes[g - n] = self.demand_bytes[g - n] - self.offloaded_bytes
-            issued_us = self._issue_kernel(issued_us, waited=input_stall or memory_stall)
+            issued_us = self._issue_kernel(issued_us, waited=thread_waited)
             self._advance(self.clock_us + self.duration_us[g % n])
             self._after_kernel(g)
         return SimResult(

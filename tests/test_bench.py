@@ -241,15 +241,16 @@ def test_recompute_candidates_find_the_autocast_weight_casts_replayable_from_wei
 
 
 def test_calibrated_predictions_of_recorded_h200_runs_hold_within_ten_percent():
-    """Issue 16's fidelity on recorded data: the 3B chained-replay plans at three headrooms
-    (H200, one call), calibrated from the first run's report, predict all three runs within
-    10% (the planner's code is this checkout's: a change to the model that loses it fails here)."""
+    """Issue 16's fidelity on recorded data (H200): the 3B chained-replay plans at 1/2 with 1 and
+    2 GiB of headroom, and a plan at 1/4 predicted from a run at 1/2 (another budget), each
+    calibrated from its call's first run, predict every run within 10% (the planner's code is
+    this checkout's: a change to the model that loses it fails here). Reports from before the
+    time between ops was measured (aa86907's) leave part of the thread out: docs/planner.md."""
     sys.path.insert(0, str(BENCH))
     from recorded_fidelity import fidelity_rows
-    rows = fidelity_rows(ROOT / "traces/h200-3b-fp32-writes.msgpack",
-                         BENCH / "results/2026-12-01-allocator-3b/headroom_aa86907.jsonl")
-    assert len(rows) == 3
+    rows = [row for name in ("fidelity-between-ops-37908a7", "cross-budget-bea3c95")
+            for row in fidelity_rows(ROOT / "traces/h200-3b-fp32-writes.msgpack",
+                                     BENCH / f"results/2026-12-01-{name}/chained_3b.jsonl")]
+    assert len(rows) == 4
+    assert all(abs(row["ran_plan_calibrated_ms"] / row["measured_ms"] - 1) < 0.10 for row in rows), rows
     assert all(abs(row["calibrated_ms"] / row["measured_ms"] - 1) < 0.10 for row in rows), rows
-    # calibration is what gets them there: the default rates leave the job's thread out
-    assert all(abs(row["calibrated_ms"] - row["measured_ms"]) < abs(row["predicted_ms"] - row["measured_ms"])
-               for row in rows), rows
