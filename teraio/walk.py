@@ -122,6 +122,7 @@ class WeakStorage:
 
 
 _expired = torch.UntypedStorage._expired
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 class StorageRecord:
@@ -629,6 +630,11 @@ class OpWalk(TorchDispatchMode):
                 self._own(value, f"{name}:{key}", Kind.optimizer_state)
 
     def _own(self, tensor: torch.Tensor, tensor_id: str, kind: Kind) -> None:
+        if _functorch_wrapped(tensor):
+            # torch.func.functional_call under grad or vmap puts its transform's wrappers where the
+            # module's parameters were (no storage of their own): the real tensors get their
+            # names through the optimizer or a later plain forward, or keep their birth names
+            return
         # Note [Tensor subclasses]: a DTensor's bytes are its local shard's, named as the DTensor
         holders = (tensor,) if type(tensor) in _PLAIN_TENSORS else storage_holders(tensor)
         for holder in holders:

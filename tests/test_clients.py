@@ -209,3 +209,13 @@ def test_a_model_and_optimizer_the_job_drops_are_freed_as_in_the_plain_run(tmp_p
     mine, theirs = (json.loads((folder / "fresh.json").read_text()) for folder in (tmp_path, plain))
     assert theirs["freed"] and mine == theirs
     assert report.peak_device_bytes <= report.budget_bytes
+
+
+def test_per_sample_gradients_with_torch_func_train_identically(tmp_path):
+    """torch.func.functional_call under vmap(grad) as the model's first forward: naming its
+    parameters met the transforms' wrappers, which have no storage, and the job crashed."""
+    plan = profile_and_plan(tmp_path, "func_grad.py", "--out", tmp_path / "profiled.json")
+    _, report = run_planned(tmp_path, plan, "func_grad.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "func_grad.py", "--out", tmp_path / "plain.json")
+    assert sum(report.offloaded_bytes.values()) > 0
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
