@@ -37,6 +37,19 @@ an FSDP module while it runs (its sharded parameters are DTensors), so the walk 
 when such a module's forward returns, before FSDP2's own post-forward hook frees them. The
 sharded parameters, gradients and optimizer state, which FSDP2 never resizes, still move.
 
+Note [Outputs read raw later]
+Some backward functions are composite: they run as smaller ops below autograd, and read a
+tensor the forward made through a raw pointer, never passing it to an ATen op the walk sees.
+`_pack_padded_sequence`'s batch sizes (output 1) are read so by its backward: the trace saw
+their last use in the forward, a plan or an eviction moved them out, and the backward read
+unallocated memory (on the CPU; on CUDA they live on the host and are never tracked). Such
+outputs (RAW_READ_OUTPUTS) are kind `other` and pinned, like FSDP2's unsharded parameters.
+The same functions also allocate with `empty` and fill the memory through a raw pointer after
+other ops have run (`_pad_packed_sequence`'s lengths): a storage made by an allocation that
+writes nothing (UNINITIALIZED_OPS) stays put until an op the walk sees has taken it as an
+input (teraio_run/budget.py, BudgetKeeper.movable). Moved out right after its birth, as the
+plan said, its memory was freed under the writes: glibc aborted with a corrupted heap.
+
 Note [Iteration boundary]
 A step ends when an optimizer step finishes (the global step post-hook), so an unmodified
 script needs nothing; loops without a torch optimizer call `teraio_step()`. An iteration is
@@ -90,6 +103,14 @@ OOM_RETRIES = 3
 MULTI_TENSOR_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagrad")
 MULTI_TENSOR_CHUNK_BYTES = 512 * 2**20   # Note [Multi-tensor ops]: ~100 launches for a 3B AdamW step
 BETWEEN_OPS_LIMIT_S = 1e-3   # Note [Time between ops]
+RAW_READ_OUTPUTS = {"_pack_padded_sequence": (1,)}   # Note [Outputs read raw later]: packet -> output indices
+UNINITIALIZED_OPS = frozenset({"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
+
+
+def makes_uninitialized(func) -> bool:
+    """Whether the op allocates without writing (Note [Outputs read raw later])."""
+    info = _op_infos.get(id(func)) or _op_info(func)
+    return info[4] in UNINITIALIZED_OPS
 
 # Note [Time between ops]
 # The job's thread also spends time in its own code between two ops: nn.Module calls, the
@@ -542,6 +563,13 @@ class OpWalk(TorchDispatchMode):
             if record is not None and not record.pinned:
                 record.kind, record.pinned = Kind.other, True
 
+    def _pin_raw_read(self, out_tensors, indices) -> None:
+        """Note [Outputs read raw later]."""
+        for index in indices:
+            record = self.records.get(out_tensors[index].untyped_storage()._cdata)
+            if record is not None:
+                record.kind, record.pinned = Kind.other, True
+
     def wrapped_in_ddp(self) -> bool:
         """Whether the model is wrapped in DistributedDataParallel (known once it has run)."""
         return any(type(root()).__name__ == "DistributedDataParallel" for root in self.roots if root() is not None)
@@ -741,6 +769,8 @@ class OpWalk(TorchDispatchMode):
         new = self._records_of(out_tensors, func, None) if out_tensors else []
         if new and inputs:  # an output that aliases an input is not new
             new = _not_among(new, inputs)
+        if new and info[4] in RAW_READ_OUTPUTS:
+            self._pin_raw_read(out_tensors, RAW_READ_OUTPUTS[info[4]])
         self.last_call = (args, kwargs, out_tensors)
         listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
         self.last_call = None

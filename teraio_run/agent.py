@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from teraio.errors import PlanMismatchError
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind, signature_digest
-from teraio.walk import OpWalk, WalkListener, op_structure, written_arguments
+from teraio.walk import OpWalk, WalkListener, makes_uninitialized, op_structure, written_arguments
 from teraio_run.budget import BudgetKeeper
 from teraio_run.engine import MigrationEngine
 from teraio_run.metrics import IterationLog
@@ -122,6 +122,8 @@ class RunAgent(WalkListener):
             self.signatures.append(signature)
         for record in new:
             self.by_id[record.id] = record
+        if new and makes_uninitialized(func):
+            self.keeper.hold_unwritten(new)  # before the plan's offloads after this op
         if self.following:
             if k >= self.num_kernels or signature != self.expected[k]:
                 self._pause(k, func)

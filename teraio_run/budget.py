@@ -38,6 +38,7 @@ class BudgetKeeper:
         self.iteration_peak_bytes = 0        # the same since the iteration began (take_iteration_peak)
         self.grew = False                    # a prefetch or restore since the last budget check
         self._ddp = None                     # whether the model is wrapped in DDP, known at the first gradient
+        self.unwritten: set[int] = set()     # storages allocated without a write, not yet an op's input
         # Note [Bounding the check]: resident bytes at the last exact count, and the running
         # totals of bytes made and brought back then
         self._resident_at_count = 0
@@ -66,6 +67,9 @@ class BudgetKeeper:
                 if record.key in engine.moved:
                     waited = True
                     self._restore(record, inputs, cause)
+        if self.unwritten:
+            for record in inputs:
+                self.unwritten.discard(record.key)
         recency = self.recency
         to_end = recency.move_to_end
         for record in inputs:
@@ -85,6 +89,11 @@ class BudgetKeeper:
                 if attempt == OOM_RETRIES:
                     raise
                 self.relieve_memory(inputs, attempt)
+
+    def hold_unwritten(self, new) -> None:
+        """Note [Outputs read raw later] in teraio/walk.py: storages allocated without a write
+        stay until an op takes them as an input."""
+        self.unwritten.update(record.key for record in new)
 
     def after_op(self, inputs, new) -> None:
         for record in new:
@@ -109,7 +118,7 @@ class BudgetKeeper:
         tensors wait until it has completed (Note [Collective buffers]); only the parameters
         FSDP2 all-gathers, whose storages it frees and re-allocates itself, are pinned
         (Note [FSDP2 unsharded parameters], all in teraio/walk.py)."""
-        if record.pinned or kind not in MOVABLE_KINDS or record.in_collective():
+        if record.pinned or kind not in MOVABLE_KINDS or record.in_collective() or record.key in self.unwritten:
             return False
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
@@ -268,6 +277,7 @@ class BudgetKeeper:
         self.engine.forget_dead([r.key for r in dead])
         for record in dead:
             self.recency.pop(record.key, None)
+            self.unwritten.discard(record.key)
 
     # ----- raw reads ------------------------------------------------------------------------
     @contextmanager

@@ -219,3 +219,13 @@ def test_per_sample_gradients_with_torch_func_train_identically(tmp_path):
     run_plain(tmp_path, "func_grad.py", "--out", tmp_path / "plain.json")
     assert sum(report.offloaded_bytes.values()) > 0
     assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+
+
+def test_an_lstm_over_packed_sequences_trains_identically(tmp_path):
+    """Note [Outputs read raw later]: the backward of pack_padded_sequence reads the batch sizes
+    through a raw pointer; moved out as an idle activation, they crashed the job."""
+    plan = profile_and_plan(tmp_path, "packed_lstm.py", "--out", tmp_path / "profiled.json")
+    _, report = run_planned(tmp_path, plan, "packed_lstm.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "packed_lstm.py", "--out", tmp_path / "plain.json")
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    assert sum(report.offloaded_bytes.values()) > 0
