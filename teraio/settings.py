@@ -19,7 +19,7 @@ class Settings:
     device: str = "auto"                 # "auto" (cuda if available), "cuda" or "cpu"
     command: list[str] = field(default_factory=list)  # the launched command, for headers
     status_dir: str = ""                 # where each process says how far it got
-    strict: bool = False                 # fail the job instead of training without the agent
+    strict: bool = False                 # fail the job instead of training on without the agent or the plan
     # profile
     trace_out: str = "trace.msgpack"
     warmup: int = 1                      # iterations skipped before the recorded one

@@ -18,7 +18,9 @@ from teraio_run.run import run
               help="Cap device memory (CUDA) to this size; default: the plan's budget.")
 @click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
               help="SSD I/O: KvikIO (GDS or compat) where CUDA exists, else POSIX.")
-@click.option("--strict", is_flag=True, help="Fail the job if the agent cannot start, instead of training without it.")
+@click.option("--strict", is_flag=True, help="Fail the job, instead of training on without the agent or the plan, if the agent cannot start, "
+                   "the plan belongs to another job, the job computes on another GPU than the one set up, "
+                   "or it runs torch.compile'd code.")
 @click.option("--no-clean-copies", "clean_copies", is_flag=True, flag_value=False, default=True,
               help="Copy every storage out each time it leaves, even one no op wrote since its last copy: for "
                    "jobs that write tensors outside PyTorch's ops (C++ extensions given raw pointers).")
