@@ -124,8 +124,10 @@ def test_host_pool_too_small_for_the_plan_spills_to_the_disk_and_says_so(work, t
     table = view[view.index("Iterations"):].splitlines()
     header = next(line.split() for line in table if line.split()[:2] == ["iter", "plan"])
     rows = [line.split() for line in table if line.split() and line.split()[0].isdigit()]
-    spill = header.index("spill")
+    spill, out = header.index("spill"), header.index("out")
     assert rows and any(float(row[spill]) > 0 for row in rows)
+    # in a unit that shows this small job's bytes (in GiB every cell read 0.00)
+    assert all(float(row[out]) >= 1 for row in rows if row[1] == "yes")
 
 
 def test_planner_plan_at_half_the_peak_trains_identically_within_budget(work, tmp_path):

@@ -143,8 +143,9 @@ def _iteration_table(rows, head: int = 3, tail: int = 9) -> Table:
     lost its time, and whether the host pool was full."""
     skipped = max(0, len(rows) - head - tail)
     which = f" (first {head}, last {tail} of {len(rows)})" if skipped else ""
+    unit, unit_bytes = _size_unit(max((max(r.offloaded_bytes, r.host_pool_peak_bytes) for r in rows), default=0))
     table = Table("iter", "plan", "time", "stall", "evict", "walk", "ops", "copy", "out", "spill", "pool",
-                  box=box.SIMPLE, pad_edge=False, title=f"Iterations{which}: times in ms, sizes in GiB",
+                  box=box.SIMPLE, pad_edge=False, title=f"Iterations{which}: times in ms, sizes in {unit}",
                   title_justify="left", caption_justify="left",
                   caption="plan: followed, kNNN: paused at kernel NNN, no: unplanned; walk: host time in the walk and agent; ops: inside PyTorch's ops; copy: time the copies "
                           "kept their paths busy; out: moved off the device; spill: put on the other tier, the "
@@ -157,5 +158,15 @@ def _iteration_table(rows, head: int = 3, tail: int = 9) -> Table:
         table.add_row(str(row.iteration), plan,
                       *(f"{v:.0f}" for v in (row.ms, row.stall_ms)), str(row.evictions),
                       *(f"{v:.0f}" for v in (row.walk_ms, row.op_launch_ms, row.copy_busy_ms)),
-                      *(f"{n / 2**30:.2f}" for n in (row.offloaded_bytes, row.other_tier_bytes, row.host_pool_peak_bytes)))
+                      *(f"{n / unit_bytes:.2f}" for n in (row.offloaded_bytes, row.other_tier_bytes,
+                                                         row.host_pool_peak_bytes)))
     return table
+
+
+def _size_unit(largest_bytes: int) -> tuple[str, int]:
+    """The largest binary unit in which the table's biggest size is at least 1 (a CPU test job
+    moves KiB: in GiB every cell read 0.00)."""
+    for unit, unit_bytes in (("GiB", 2**30), ("MiB", 2**20)):
+        if largest_bytes >= unit_bytes:
+            return unit, unit_bytes
+    return "KiB", 2**10
