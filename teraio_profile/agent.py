@@ -168,8 +168,7 @@ class ProfileAgent(WalkListener):
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return DeviceInfo(type="cuda", name=props.name, capacity_bytes=props.total_memory)
 
-    @staticmethod
-    def _with_memory_model(header: TraceHeader, trace) -> TraceHeader:
+    def _with_memory_model(self, header: TraceHeader, trace) -> TraceHeader:
         """Untracked bytes (CUDA context aside: workspaces, allocator rounding) and how far the
         traced memory curve is from the allocator's, after subtracting that constant. Under
         a cap the allocator's count is off by positive amounts only (blocks a copy still
@@ -177,12 +176,22 @@ class ProfileAgent(WalkListener):
         its low end there (measured on the 3B at 1/2: the median said 2.35 GiB against the
         uncapped 66 MiB, and the plan moved 15% more bytes)."""
         if header.device.type != "cuda":
-            return header
+            return header.model_copy(update={"untracked_bytes": self._untraced_live_bytes(trace)})
         gap = trace.device_bytes - live_bytes_per_kernel(trace)
         low_end = header.profiled_under_cap is not None
         untracked = max(0, int(np.percentile(gap, 5) if low_end else np.median(gap)))
         error = float(np.max(np.abs(gap - untracked)) / max(1, int(trace.device_bytes.max())))
         return header.model_copy(update={"untracked_bytes": untracked, "memory_model_max_error": round(error, 4)})
+
+    def _untraced_live_bytes(self, trace) -> int:
+        """On the CPU no allocator counts what the trace leaves out: the storages the job holds
+        that no op of the recorded iteration touched (batches made before the loop, a list of
+        earlier outputs). Alive now, at the iteration's end, they were alive through it; their
+        bytes are the CPU's untracked bytes (a plan that said it fit ran 3.6x over its budget
+        without them)."""
+        traced = set(trace.tensor_id)
+        return sum(record.nbytes for record in self.walk.records.values()
+                   if record.id not in traced and not record.ref.expired())
 
     def write_status(self, error: str | None = None) -> bool:
         """Tell the launcher how far this process got (read when no trace appears), in

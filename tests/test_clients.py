@@ -229,3 +229,20 @@ def test_an_lstm_over_packed_sequences_trains_identically(tmp_path):
     run_plain(tmp_path, "packed_lstm.py", "--out", tmp_path / "plain.json")
     assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
     assert sum(report.offloaded_bytes.values()) > 0
+
+
+def test_batches_the_script_holds_count_in_the_plan_and_the_run_keeps_its_budget(tmp_path):
+    """On the CPU nothing counted the storages no op of the recorded iteration touches (batches
+    made before the loop): a plan said it fit and the run went 3.6x over its budget. They are
+    the trace's untracked bytes now."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "held_batches.py",
+              "--out", tmp_path / "profiled.json", cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    assert trace.header.untracked_bytes >= 6 * 128 * 256 * 4    # the batches the iteration left alone
+    budget = int(live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * 3 // 4
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    _, report = run_planned(tmp_path, tmp_path / "plan.json", "held_batches.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "held_batches.py", "--out", tmp_path / "plain.json")
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    assert report.peak_device_bytes <= budget
