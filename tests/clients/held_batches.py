@@ -18,14 +18,13 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)   # state to move: 8 MiB beside 1 MiB of batches
     batches = [torch.randn(128, 256) for _ in range(BATCHES)]   # 128 KiB each
     losses = []
-    for step in range(8):
-        loss = model(batches[step % BATCHES]).square().mean()
-        optimizer.zero_grad()
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch).square().mean()
         loss.backward()
         optimizer.step()
         losses.append(loss.item().hex())
-    with open(args.out, "w") as f:
-        json.dump(losses, f)
+    json.dump(losses, open(args.out, "w"))
 
 
 if __name__ == "__main__":
