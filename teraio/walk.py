@@ -107,11 +107,6 @@ RAW_READ_OUTPUTS = {"_pack_padded_sequence": (1,)}   # Note [Outputs read raw la
 UNINITIALIZED_OPS = frozenset({"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
 
 
-def makes_uninitialized(func) -> bool:
-    """Whether the op allocates without writing (Note [Outputs read raw later])."""
-    info = _op_infos.get(id(func)) or _op_info(func)
-    return info[4] in UNINITIALIZED_OPS
-
 # Note [Time between ops]
 # The job's thread also spends time in its own code between two ops: nn.Module calls, the
 # autograd engine, the optimizer's Python. On a GPU that time is what a job of short kernels
@@ -325,6 +320,12 @@ def _op_info(func) -> tuple:
     info = _op_infos[id(func)] = (func, written_arguments(func), func.namespace == "c10d", is_multi_tensor(func),
                                   func.overloadpacket.__name__)
     return info
+
+
+def makes_uninitialized(func) -> bool:
+    """Whether the op allocates without writing (Note [Outputs read raw later])."""
+    info = _op_infos.get(id(func)) or _op_info(func)
+    return info[4] in UNINITIALIZED_OPS
 
 
 def is_multi_tensor(func) -> bool:
