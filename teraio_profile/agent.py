@@ -25,7 +25,7 @@ from teraio.formats.trace import (
     DeviceInfo, KernelTable, ProfileCap, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
     live_bytes_per_kernel, save_trace, signature_digest,
 )
-from teraio.walk import OpWalk, WalkListener, activate, deactivate, op_signatures
+from teraio.walk import OpWalk, WalkListener, activate, deactivate, makes_uninitialized, op_signatures
 from teraio_profile.recorder import TraceRecorder
 from teraio.settings import Settings, rank_path, status_path
 
@@ -62,6 +62,8 @@ class ProfileAgent(WalkListener):
             self._watchdog = self._start_watchdog()
         self.recorder.after_op(k, func, inputs, new, signature)
         if self.keeper is not None:
+            if new and makes_uninitialized(func):
+                self.keeper.hold_unwritten(new)  # Note [Outputs read raw later] in teraio/walk.py
             self.keeper.after_op(inputs, new)
 
     def relieve_memory(self, inputs, attempt):

@@ -63,6 +63,9 @@ class CappedProfile:
         """True when the op had to wait for one of its inputs to come back."""
         return self.keeper.restore_inputs(inputs, "unplanned")
 
+    def hold_unwritten(self, new) -> None:
+        self.keeper.hold_unwritten(new)
+
     def after_op(self, inputs, new) -> None:
         self.keeper.after_op(inputs, new)
 
