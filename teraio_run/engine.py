@@ -527,5 +527,3 @@ def lost_message(tensor_id: str, failure: str) -> str:
     return (f"the bytes of {tensor_id} are lost: its swap file could not be read back ({failure}); "
             "training cannot go on exactly. Keep every --ssd-dir in place while the job runs, "
             "and restart from the last checkpoint")
-
-

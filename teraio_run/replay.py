@@ -141,7 +141,8 @@ class ReplayTier:
         call = self.slots[slot]
         if not call.unwritten():
             raise stop(ReplayMismatch(f"an input of {call.record.id} was written while it was released: its replay "
-                                 "would differ; run with --no-clean-copies if the job writes tensors outside ATen ops"))
+                                      "would differ; run with --no-clean-copies if the job writes tensors outside "
+                                      "ATen ops"))
         t0 = time.perf_counter()
         with _disable_current_modes(), torch.no_grad(), torch.autocast(self.device_type, enabled=False):
             _replay_into(call, storage)
