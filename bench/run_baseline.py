@@ -78,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--cprofile", metavar="STATS",
                    help="run the child under cProfile and write its stats here (slows Python code: "
                         "the result is for finding host time, not for the table)")
+    p.add_argument("--py-spy", metavar="STACKS",
+                   help="sample the child with py-spy (500 Hz, waits included) and write its collapsed "
+                        "stacks here; bench/spy_summary.py reads them (barely slows the job)")
     p.add_argument("--memory-history", metavar="PICKLE",
                    help="CUDA: record the allocator's history over one more step after the measured ones "
                         "and write its snapshot here (bench/alloc_trace.py reads it)")
@@ -431,6 +434,8 @@ def run_supervised(argv, args):
     os.close(fd)
     report_path = result_path.replace(".json", ".report.json")
     python = [sys.executable, *(["-m", "cProfile", "-o", args.cprofile] if args.cprofile else [])]
+    if args.py_spy:
+        python = ["py-spy", "record", "--rate", "500", "--idle", "--format", "raw", "-o", args.py_spy, "--", *python]
     cmd = [*teraio_wrapper(args, report_path), *python, str(Path(__file__).resolve()), *argv,
            "--child", result_path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
