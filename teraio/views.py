@@ -10,7 +10,8 @@ from teraio.units import format_bytes, format_ms
 def print_report(report: RunReport, out: Console, title: str) -> None:
     r = report
     over = "[red]over budget[/]" if r.budget_bytes and r.peak_device_bytes > r.budget_bytes else "within budget"
-    out.print(f"[bold]{title}[/]: {r.iterations} iterations ({r.iterations_on_plan} on plan), "
+    stray = f", {r.steps_without_backward} step(s) that trained nothing apart" if r.steps_without_backward else ""
+    out.print(f"[bold]{title}[/]: {r.iterations} iterations ({r.iterations_on_plan} on plan){stray}, "
               f"I/O {r.io_backend}")
     out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured vs "
               f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
@@ -49,6 +50,10 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
               f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
+    if r.refused_actions_by_reason:
+        why = ", ".join(f"{reason} {count}" for reason, count in r.refused_actions_by_reason.items())
+        out.print(f"  [yellow]{sum(r.refused_actions_by_reason.values())} plan offloads refused[/] ({why}): those "
+                  f"storages stayed on the device; first: {r.first_refusal}")
     if r.plan_pauses:
         # the job's tail after its last step (a final save or evaluation) pauses too, in no iteration's row
         tail = r.plan_pauses - sum(row.paused_at_kernel >= 0 for row in r.per_iteration)

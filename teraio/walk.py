@@ -93,7 +93,7 @@ from torch._C._dynamo.eval_frame import set_eval_frame
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from teraio.formats.trace import Kind, Phase
+from teraio.formats.trace import UNINITIALIZED_OPS, Kind, Phase
 
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
@@ -104,7 +104,6 @@ MULTI_TENSOR_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagr
 MULTI_TENSOR_CHUNK_BYTES = 512 * 2**20   # Note [Multi-tensor ops]: ~100 launches for a 3B AdamW step
 BETWEEN_OPS_LIMIT_S = 1e-3   # Note [Time between ops]
 RAW_READ_OUTPUTS = {"_pack_padded_sequence": (1,)}   # Note [Outputs read raw later]: packet -> output indices
-UNINITIALIZED_OPS = frozenset({"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
 
 
 # Note [Time between ops]
@@ -510,6 +509,7 @@ class OpWalk(TorchDispatchMode):
         self.module_names: dict[int, tuple] = {}  # id(module) -> (path, weak reference)
         self.occurrences: dict[tuple, int] = {}
         self.in_optimizer = False
+        self.backward_ran = False   # a gradient was accumulated since the flag was last reset (teraio_run/metrics.py)
         self._step_scope_depth, self._step_graph_task = 0, -1  # Note [Steps with a closure]
         # id(optimizer) -> (state entries, tensors in the newest) at the last look
         self._state_marks: dict[int, tuple[int, int]] = {}
@@ -593,6 +593,7 @@ class OpWalk(TorchDispatchMode):
         """A gradient is named as soon as backward has accumulated it, not only at the next
         optimizer step: before the first step it would otherwise be an unknown storage the
         runtime may not evict (10.9 GiB of them for the 3B example)."""
+        self.backward_ran = True
         name = self.owners.param_name(param)
         if name is not None and param.grad is not None:
             self._own(param.grad, f"{name}.grad", Kind.gradient)

@@ -1,5 +1,10 @@
 """Idle periods and the memory curve, computed from a trace with numpy (no per-record Python).
 
+A storage allocated by an op that writes nothing (torch.empty) has no period before its first
+use as an op's input: the runtime keeps it where it is until then (its bytes may be filled
+outside ATen: Note [Outputs read raw later] in teraio/walk.py), so a plan entry moving it out at
+its birth would be refused (Note [Refused plan actions] in teraio_run/metrics.py).
+
 Time is measured in kernel indices of one iteration (N kernels). A period runs from the kernel
 that last used a tensor (`start`) to the next kernel that uses it (`end`), both "unrolled":
 0 <= start < N and start < end <= start + N, so a period that crosses the iteration boundary
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from teraio.formats.trace import Kind, Trace
+from teraio.formats.trace import UNINITIALIZED_OPS, Kind, Trace
 
 # 'other' storages (RNG state, scratch buffers we cannot name stably) are never moved.
 CANDIDATE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
@@ -73,7 +78,17 @@ def _use_points(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     tensor = np.concatenate((tensor, inter))
     kernel = np.concatenate((kernel, born[inter]))
     keep = np.isin(trace.kind[tensor], movable_kinds(trace)) & _inside_lifetime(trace, tensor, kernel)
+    keep &= ~(born_unwritten(trace)[tensor] & (kernel == born[tensor]))  # its birth is no use (module doc)
     return tensor[keep], kernel[keep]
+
+
+def born_unwritten(trace: Trace) -> np.ndarray:
+    """Per tensor: an intermediate made by an op that allocates without writing."""
+    by_op = np.array([name in UNINITIALIZED_OPS for name in trace.op_names], dtype=bool)
+    inter = trace.born >= 0
+    unwritten = np.zeros(trace.num_tensors, dtype=bool)
+    unwritten[inter] = by_op[trace.kernel_op[trace.born[inter]]]
+    return unwritten
 
 
 def _inside_lifetime(trace: Trace, tensor: np.ndarray, kernel: np.ndarray) -> np.ndarray:

@@ -139,7 +139,9 @@ class RunAgent(WalkListener):
             record = self.by_id.get(entry.tensor)
             if record is None:
                 self.log.counts["plan_ids_missing"] += 1
-            elif self.keeper.movable(record, Kind[entry.kind]) and self.engine.offload(record, self._tier(entry, record)):
+            elif (refused := self.keeper.refusal(record, Kind[entry.kind])) is not None:
+                self.log.refuse(entry, refused)  # Note [Refused plan actions] in teraio_run/metrics.py
+            elif self.engine.offload(record, self._tier(entry, record)):
                 self.log.counts["planned_offloads"] += 1
 
     def _capture(self, func, inputs, new, replays_of: dict[str, int]) -> None:
@@ -201,7 +203,11 @@ class RunAgent(WalkListener):
                 # only those whose prefetch falls in the coming iteration
                 in_next = entry.wraps and entry.prefetch_at < entry.offload_after
                 record = self.by_id.get(entry.tensor) if in_next else None
-                if record is not None and self.keeper.movable(record, Kind[entry.kind]):
+                if record is None:
+                    continue
+                if (refused := self.keeper.refusal(record, Kind[entry.kind])) is not None:
+                    self.log.refuse(entry, refused)
+                else:
                     self.engine.offload(record, entry.tier)
 
     def _tidy(self) -> None:

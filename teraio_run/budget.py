@@ -118,11 +118,21 @@ class BudgetKeeper:
         tensors wait until it has completed (Note [Collective buffers]); only the parameters
         FSDP2 all-gathers, whose storages it frees and re-allocates itself, are pinned
         (Note [FSDP2 unsharded parameters], all in teraio/walk.py)."""
-        if record.pinned or kind not in MOVABLE_KINDS or record.in_collective() or record.key in self.unwritten:
-            return False
+        return self.refusal(record, kind) is None
+
+    def refusal(self, record, kind: Kind) -> str | None:
+        """Why a storage may not leave the device (movable), or None: one of REFUSALS' keys."""
+        if record.pinned:
+            return "pinned"
+        if kind not in MOVABLE_KINDS:
+            return "kind"
+        if record.in_collective():
+            return "collective"
+        if record.key in self.unwritten:
+            return "unwritten"
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
-        return not (kind == Kind.gradient and self._ddp)
+        return "ddp_gradient" if kind == Kind.gradient and self._ddp else None
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
         """Note [Out of memory]: the cap counts memory the allocator reserves, which is more

@@ -1,14 +1,36 @@
 """Per-iteration metrics of a run: one row per iteration for the report (where time and traffic
 went, and whether the plan was followed: what tells a plan problem from a runtime one)."""
 
+import sys
 import time
+from collections import Counter
 
 import torch
+
+# Note [Refused plan actions]: why the runtime keeps a storage the plan moves (BudgetKeeper.refusal)
+REFUSALS = {
+    "pinned": "its memory was handed out through a raw pointer (Tensor.numpy, DLPack) or is read raw by "
+              "the framework, so it never moves again",
+    "unwritten": "it was allocated without a write (torch.empty) and no op has taken it yet: its bytes may "
+                 "be filled outside ATen",
+    "collective": "a collective still uses it",
+    "kind": "the runtime never moves storages of its kind",
+    "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
+}
 
 
 class IterationLog:
     """Reads the engine's and the walk's running totals at each iteration end and keeps the
-    differences; the agent counts its own plan actions into `counts` meanwhile."""
+    differences; the agent counts its own plan actions into `counts` meanwhile.
+
+    Note [Refused plan actions]
+    A plan offload the runtime cannot do (BudgetKeeper.refusal: the storage is pinned for a
+    raw read, still in a collective, of a kind that never moves, allocated without a write
+    and not yet taken by an op, or a gradient under DDP) is skipped: the storage stays on the
+    device and training stays exact, but the plan's memory saving is lost and the budget
+    keeper may have to evict instead. No refusal is silent: each is counted in its
+    iteration's row (`refused_actions`) and by reason for the run, and the first one is said
+    on stderr, naming the tensor and the cause."""
 
     def __init__(self, engine, walk, keeper):
         self.engine = engine
@@ -16,11 +38,30 @@ class IterationLog:
         self.keeper = keeper
         self.iteration_s: list[float] = []
         self.rows: list[dict] = []
-        self.counts = {"planned_offloads": 0, "plan_ids_missing": 0, "replay_fallbacks": 0}  # this iteration's
+        self.counts = {"planned_offloads": 0, "plan_ids_missing": 0, "replay_fallbacks": 0,
+                       "refused_actions": 0}  # this iteration's
+        self.refused_by_reason: Counter = Counter()   # the run's (Note [Refused plan actions])
+        self.first_refusal = ""
+        self.steps_without_backward = 0   # Note [Steps that train nothing]
+        self._trains = False              # a gradient has been accumulated in the job
         self._t_iter = time.perf_counter()
         self._last_totals: dict = {}
 
+    def refuse(self, entry, reason: str) -> None:
+        """A plan offload the runtime did not do (Note [Refused plan actions])."""
+        self.counts["refused_actions"] += 1
+        self.refused_by_reason[reason] += 1
+        if not self.first_refusal:
+            self.first_refusal = (f"iteration {self.walk.iteration}, the offload of {entry.tensor} after kernel "
+                                  f"{entry.offload_after}: {REFUSALS[reason]}")
+            print(f"teraio: warning: the plan's offload of {entry.tensor} ({entry.kind}) was refused: "
+                  f"{REFUSALS[reason]}; it stays on the device (training stays exact) and the report counts "
+                  "such refusals (refused_actions)", file=sys.stderr)
+
     def end_iteration(self, iteration: int, num_kernels: int, followed_plan: bool, paused_at: int) -> None:
+        if not self._trained():
+            self.steps_without_backward += 1   # Note [Steps that train nothing]
+            return
         now = time.perf_counter()
         self.iteration_s.append(now - self._t_iter)
         self._t_iter = now
@@ -33,6 +74,25 @@ class IterationLog:
         self.rows.append(row)
         self._last_totals = totals
         self.counts = dict.fromkeys(self.counts, 0)
+
+    def _trained(self) -> bool:
+        """Note [Steps that train nothing]
+        The walk ends an iteration at an optimizer step, but not every step trains: a checkpoint
+        writer may step the optimizer once with zero gradients to create its state
+        (torch.distributed.checkpoint's get_optimizer_state_dict does for a stateless optimizer
+        whose gradients were set to None), so a job that trains 8 steps and then saves ended 9
+        iterations and its report said so. A stretch ending at a step is an iteration row only
+        if a gradient was accumulated in it (the walk's backward_ran), once the job has trained
+        at all: a job in which no gradient accumulation hook fires (a custom loop calling
+        teraio_step, gradients from torch.func) keeps a row per step ended, as before.
+        A step that trained nothing is counted apart (steps_without_backward); its ops and
+        traffic go into the next iteration's row, or into none after the last one, like the
+        tail of a job that ends without a step (its final save or evaluation), which is no
+        iteration either. The walk's own numbering is untouched: it lines profile and run up
+        (Note [Iteration boundary] in teraio/walk.py)."""
+        trained, self.walk.backward_ran = self.walk.backward_ran, False
+        self._trains = self._trains or trained
+        return trained or not self._trains
 
     def _totals(self) -> dict:
         stats, engine, host_s = self.engine.stats, self.engine, self.walk.host_s

@@ -66,12 +66,18 @@ class IterationRow(Strict):
     allocator_syncs: int = Field(0, description="times the CUDA caching allocator synchronized every stream to "
                                  "free cached blocks (the host waits for the device to drain); 0 on the CPU")
     alloc_retries: int = Field(0, description="CUDA allocations retried after freeing cached blocks; 0 on the CPU")
+    refused_actions: int = Field(0, description="plan offloads the runtime did not do: the storage was pinned, "
+                                 "in a collective, of a kind that never moves or not written yet (teraio_run/metrics.py, "
+                                 "Note [Refused plan actions])")
 
 
 class RunReport(Strict):
     header: ReportHeader
     iterations: int
     iterations_on_plan: int
+    steps_without_backward: int = Field(0, description="optimizer steps that ended no iteration: no gradient was "
+                                        "accumulated since the last one (a checkpoint writer creating optimizer "
+                                        "state), counted apart from iterations (teraio_run/metrics.py)")
     io_backend: Literal["gds", "compat", "posix", "none"]
     offloaded_bytes: dict[str, int]
     written_bytes: dict[str, int] = Field(
@@ -109,6 +115,11 @@ class RunReport(Strict):
     ssd_to_host_bytes: int = Field(0, description="offloads planned for the SSD tier that went to the host pool: "
                                    "no swap folder took writes")
     skipped_actions: int
+    refused_actions_by_reason: dict[str, int] = Field(
+        default_factory=dict, description="plan offloads the runtime did not do, by why: pinned (handed out "
+        "through a raw pointer), unwritten (allocated without a write, no op has taken it yet), collective, kind "
+        "(a kind that never moves), ddp_gradient; the storage stayed on the device")
+    first_refusal: str = Field("", description="the first refused plan offload: when, which tensor, why")
     on_demand_evictions: int
     oom_retries: int
     peak_device_bytes: int

@@ -30,6 +30,10 @@ from teraio.errors import FileFormatError
 
 TRACE_SCHEMA_VERSION = 1
 SUPPORTED_TRACE_VERSIONS = (1,)
+# Ops that allocate without writing (by the kernel table's op names): the runtime keeps what they
+# make in place until an op takes it as an input, and plans do not move it before (Note [Outputs
+# read raw later] in teraio/walk.py; teraio_plan/periods.py)
+UNINITIALIZED_OPS = frozenset({"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
 
 
 class Phase(IntEnum):
