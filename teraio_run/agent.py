@@ -96,7 +96,8 @@ class RunAgent(WalkListener):
         if self.replay is not None and self.replay.dependents and written_arguments(func):
             self._replay_before_write(inputs)
         if self.following and k in self.prefetches_at:  # first: a replay planned here is no late prefetch
-            self._start_prefetches(k)
+            with self.engine.batch():
+                self._start_prefetches(k)
         self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
 
     def _replay_before_write(self, inputs) -> None:
@@ -131,7 +132,8 @@ class RunAgent(WalkListener):
                 if k in self.replays_made_at:
                     self._capture(func, inputs, new, self.replays_made_at[k])
                 if k in self.offloads_after and not self.keeper.holds:
-                    self._offload_planned(k)
+                    with self.engine.batch():
+                        self._offload_planned(k)
         self.keeper.after_op(inputs, new)
 
     def _offload_planned(self, k: int) -> None:
