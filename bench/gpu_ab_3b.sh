@@ -5,9 +5,14 @@
 #   git archive <old sha> -o old.tar; git archive HEAD -o snap.tar
 #   device: carry [".whl", "snap.tar", "old.tar"], command: mkdir -p /tmp/r /tmp/o && tar -xf snap.tar -C /tmp/r &&
 #     tar -xf old.tar -C /tmp/o && cp -r .whl /tmp/r/ && cd /tmp/r && TERAIO_COMMIT=<new> OLD_COMMIT=<old> OLD=/tmp/o bash bench/gpu_ab_3b.sh
-# Runs new, old, new (ORDER to change), 2 warm-up and 4 measured steps each; result lines in $OUT/ab_3b.jsonl.
+# SKIP_TWIN=1 leaves the twin run out. Runs new, old, new (ORDER to change), 2 warm-up and 4 measured steps each; result lines in $OUT/ab_3b.jsonl.
 export OUT; NEW=$PWD
-STEPS=6 SHARES=50 bash bench/gpu_teraio.sh 2>&1 | grep -E "^date|losses|LOSSES|median_step_ms|last planned|starting its"
+if [[ -z ${SKIP_TWIN:-} ]]; then
+  STEPS=6 SHARES=50 bash bench/gpu_teraio.sh 2>&1 | grep -E "^date|losses|LOSSES|median_step_ms|last planned|starting its"
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v deepspeed) >/dev/null 2>&1
+fi
+export PYTHONPATH=/tmp/site:$NEW
 python3 -m teraio plan traces/h200-3b-fp32-writes.msgpack --gpu-mem 41756124416 --ssds 0 --host-mem 56GiB \
     --host-gbps 37 --pcie-gbps 55 --headroom 1GiB -o /tmp/p3b.json > /dev/null
 for V in ${ORDER:-new old new}; do
