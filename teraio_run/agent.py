@@ -96,8 +96,7 @@ class RunAgent(WalkListener):
         if self.replay is not None and self.replay.dependents and written_arguments(func):
             self._replay_before_write(inputs)
         if self.following and k in self.prefetches_at:  # first: a replay planned here is no late prefetch
-            with self.engine.batch():
-                self._start_prefetches(k)
+            self._start_prefetches(k)
         self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
 
     def _replay_before_write(self, inputs) -> None:
@@ -132,8 +131,7 @@ class RunAgent(WalkListener):
                 if k in self.replays_made_at:
                     self._capture(func, inputs, new, self.replays_made_at[k])
                 if k in self.offloads_after and not self.keeper.holds:
-                    with self.engine.batch():
-                        self._offload_planned(k)
+                    self._offload_planned(k)
         self.keeper.after_op(inputs, new)
 
     def _offload_planned(self, k: int) -> None:

@@ -41,14 +41,13 @@ import sys
 import time
 import weakref
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from teraio.formats.trace import Kind
 from teraio_run.stops import CannotGoOnExactly, stop
-from teraio_run.tiers import ComputeWaits, CopyFailed, Tier, Transfer
+from teraio_run.tiers import CopyFailed, Tier, Transfer
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
 LOST = "lost"
@@ -148,10 +147,9 @@ class PathMeter:
 
 class MigrationEngine:
     def __init__(self, host_tier: Tier | None, ssd_tier: Tier | None, cuda: bool, keep_clean: bool = True,
-                 replay_tier: Tier | None = None, waits: ComputeWaits | None = None):
+                 replay_tier: Tier | None = None):
         self.tiers = {"host": host_tier, "ssd": ssd_tier, "recompute": replay_tier}
         self.cuda = cuda
-        self.waits = waits or ComputeWaits()  # shared with the host tier (Note [One wait per batch])
         self.keep_clean = keep_clean
         self.kept: dict[int, Kept] = {}     # storage key -> its tier copy, oldest first (Note [Clean copies])
         self.moved: dict[int, Moved] = {}   # storage key -> state, for storages not plainly resident
@@ -198,16 +196,6 @@ class MigrationEngine:
         self.stats.cancelled_offloads += 1
 
     # ----- plan actions --------------------------------------------------------------------
-    @contextmanager
-    def batch(self):
-        """One kernel's plan actions: copy streams wait for the compute stream once (Note [One
-        wait per batch] in teraio_run/tiers.py)."""
-        self.waits.begin()
-        try:
-            yield
-        finally:
-            self.waits.end()
-
     def offload(self, record, tier_name: str) -> bool:
         """Start moving a storage out (the caller decided it may move); False if it cannot."""
         if record.key in self.moved:
@@ -384,8 +372,6 @@ class MigrationEngine:
             storage.resize_(0)
             raise
         self._count_issue(moved.tier, time.perf_counter() - t0)
-        if moved.tier.runs_ops:
-            self.waits.compute_moved()
         self.offloaded_now -= moved.nbytes
         self.restored_bytes += moved.nbytes
         moved.storage = storage

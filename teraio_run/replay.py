@@ -82,7 +82,6 @@ class ReplayTier:
     name = "recompute"
     frees_at_once = True    # no copy reads the device memory: it may go at once
     keeps_copies = False
-    runs_ops = True         # a replay's kernels run on the compute stream
 
     def __init__(self, device_type: str):
         self.device_type = device_type

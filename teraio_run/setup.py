@@ -18,7 +18,7 @@ from teraio_run.agent import RunAgent
 from teraio_run.engine import MigrationEngine
 from teraio_run.layout import DEFAULT_SWAP_DIR
 from teraio_run.replay import ReplayTier
-from teraio_run.tiers import ComputeWaits, HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
+from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
 
 IO_THREADS = 8
 PIN_NOTICE_BYTES = 8 << 30  # say so before pinning a pool this large: it takes seconds
@@ -87,11 +87,9 @@ def build_engine(settings: Settings, pool_bytes: int, cuda: bool) -> tuple[Migra
     t0 = time.perf_counter()
     pool = HostPool(pool_bytes, pin=cuda)
     pool_pin_s = time.perf_counter() - t0
-    waits = ComputeWaits()
-    host_tier = HostTier(pool, cuda, threads, waits) if pool.capacity else None  # --host-mem 0: the disk alone
+    host_tier = HostTier(pool, cuda, threads) if pool.capacity else None  # --host-mem 0: the disk alone
     engine = MigrationEngine(host_tier, SsdTier(run_dirs, files, cuda, threads), cuda,
-                             keep_clean=settings.clean_copies, replay_tier=ReplayTier("cuda" if cuda else "cpu"),
-                             waits=waits)
+                             keep_clean=settings.clean_copies, replay_tier=ReplayTier("cuda" if cuda else "cpu"))
     return engine, RunContext(settings, None, run_dirs, files.name, threads, pool.capacity, pool_pin_s)
 
 
