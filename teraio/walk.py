@@ -50,6 +50,14 @@ writes nothing (UNINITIALIZED_OPS) stays put until an op the walk sees has taken
 input (teraio_run/budget.py, BudgetKeeper.movable). Moved out right after its birth, as the
 plan said, its memory was freed under the writes: glibc aborted with a corrupted heap.
 
+Note [Sparse tensors]
+A sparse tensor (a COO adjacency built in the forward, Embedding(sparse=True)'s gradient) has
+no storage: its bytes are in dense parts (indices and values) that ops read without the walk
+seeing them as inputs. So an op's sparse argument stands for its parts: they are named, kept
+resident and counted as used at every op that takes the sparse tensor. Moved out between two
+uses the trace did not see, a sparse.mm's backward read unallocated memory. A sparse gradient
+is not named as a gradient (it has no storage to key): its parts keep their birth names.
+
 Note [Iteration boundary]
 A step ends when an optimizer step finishes (the global step post-hook), so an unmodified
 script needs nothing; loops without a torch optimizer call `teraio_step()`. An iteration is
@@ -419,6 +427,19 @@ def storage_holders(tensor: torch.Tensor) -> list:
     return [held for inner in inners if isinstance(inner, torch.Tensor) for held in storage_holders(inner)]
 
 
+def sparse_parts(tensor: torch.Tensor) -> list:
+    """The dense tensors that hold a sparse tensor's bytes, none for other layouts (Note
+    [Sparse tensors]). Called inside the dispatch mode, where these accessors are not ops we see."""
+    layout = tensor.layout
+    if layout == torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return []
+
+
 def _fsdp_module_class():
     """FSDP2's module class, once the job has imported FSDP (no import cost otherwise)."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
@@ -671,7 +692,9 @@ class OpWalk(TorchDispatchMode):
             self._own_storage(holder, tensor_id, kind)
 
     def _own_storage(self, tensor: torch.Tensor, tensor_id: str, kind: Kind) -> None:
-        if tensor.device.type != self.device_type:
+        # a sparse gradient (Embedding(sparse=True)) has no storage: its indices and values
+        # are met, and named by birth, as the ops that make them run (like _records_of)
+        if tensor.device.type != self.device_type or tensor.layout != torch.strided:
             return
         key = tensor.untyped_storage()._cdata
         self.owners.by_key[key] = (tensor_id, kind, WeakStorage(tensor.untyped_storage()))
@@ -866,7 +889,12 @@ class OpWalk(TorchDispatchMode):
                 if not plain:
                     storage.data_ptr()  # a wrapper subclass that owns no memory raises here
             except (RuntimeError, NotImplementedError):
-                continue  # sparse and other storage-less tensors are not ours to move
+                # storage-less: a sparse tensor's bytes are its dense parts' (Note [Sparse tensors])
+                for record in self._records_of(sparse_parts(leaf), func, label, create, held):
+                    if record.key not in seen:
+                        seen.add(record.key)
+                        records.append(record)
+                continue
             key = storage._cdata
             if key in seen:
                 continue
