@@ -58,8 +58,21 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         # the job's tail after its last step (a final save or evaluation) pauses too, in no iteration's row
         tail = r.plan_pauses - sum(row.paused_at_kernel >= 0 for row in r.per_iteration)
         where = f" ({tail} of them after the last step)" if tail > 0 else ""
+        since = _paused_to_the_end(r)
+        resumed = "and resumed at the next" if since is None else \
+            (f"[yellow]and never resumed from iteration {since} on[/]: if the job changed there (a layer unfrozen, "
+             "a new phase), profile it past that point and plan again")
         out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
-                  f"saving, another batch shape) and resumed at the next; first: {r.pause_reason}")
+                  f"saving, another batch shape) {resumed}; first: {r.pause_reason}")
+
+
+def _paused_to_the_end(r: RunReport) -> int | None:
+    """The iteration from which every one paused the plan, when that is the last two or more."""
+    rows = r.per_iteration
+    first = len(rows)
+    while first > 0 and rows[first - 1].paused_at_kernel >= 0:
+        first -= 1
+    return rows[first].iteration if len(rows) - first >= 2 else None
 
 
 def _print_replays(r: RunReport, out: Console) -> None:

@@ -75,10 +75,11 @@ def test_a_layer_unfrozen_after_the_profile_trains_identically_evicting_on_deman
     """Profiled while the body is frozen, the job then adds the body to its optimizer
     (add_param_group: gradients and Adam state the trace never saw): every iteration from then
     on pauses the plan, and the budget keeper keeps it exact and within the cap."""
-    _, report, planned, plain = train_both_ways(tmp_path, "unfreeze.py", "--steps", 9, "--unfreeze-at", 5)
+    proc, report, planned, plain = train_both_ways(tmp_path, "unfreeze.py", "--steps", 9, "--unfreeze-at", 5)
     assert planned == plain
     assert [row.iteration for row in report.per_iteration if row.paused_at_kernel >= 0] == [5, 6, 7, 8]
     assert report.peak_device_bytes <= report.budget_bytes
+    assert "never resumed from iteration 5 on" in " ".join((proc.stdout + proc.stderr).split())
 
 
 def test_a_complex_valued_spectral_layer_trains_identically(tmp_path):
