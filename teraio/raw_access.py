@@ -5,7 +5,10 @@ raw pointers: safetensors (transformers' default save path), torch.save on CPU t
 Tensor.numpy() and DLPack exports, C extensions. A storage the plan moved out has no memory
 then (resized to 0: safetensors sees every such tensor at address 0, takes them for shared
 tensors and refuses, or writes garbage). So:
-- savers (SAVERS below) run inside `resident()`: everything back, nothing leaving;
+- torch.save (TIER_SAVERS) reads what was moved out straight from the host pool or the swap
+  files, nothing coming back to the device (Note [Saving from the tiers] in
+  teraio_run/saving.py): a state larger than the device saves as it does plainly;
+- the other savers (SAVERS below) run inside `resident()`: everything back, nothing leaving;
 - numpy and DLPack exports bring their one storage back and pin it: the pointer they hand
   out may be read at any later time, so that storage never moves again;
 - a storage's clone and cpu copy (copy.deepcopy of a tensor, a module or a state_dict goes
@@ -20,9 +23,8 @@ import functools
 from contextlib import nullcontext
 
 # module -> attributes ("Class.method" for methods) whose calls read storages raw
+TIER_SAVERS = {"torch": ("save",), "torch.serialization": ("save",)}
 SAVERS = {
-    "torch": ("save",),
-    "torch.serialization": ("save",),
     "safetensors.torch": ("save_file", "save", "save_model"),
     # these look for shared storages by address before safetensors is called
     "transformers.modeling_utils": ("PreTrainedModel.save_pretrained",),
@@ -64,6 +66,17 @@ def _held(fn):
     return call_resident
 
 
+def _from_tiers(fn):
+    @functools.wraps(fn)
+    def call_reading_tiers(*args, **kwargs):
+        saving = getattr(_listener(), "save_from_tiers", None)
+        with saving() if saving is not None else nullcontext():
+            return fn(*args, **kwargs)
+
+    setattr(call_reading_tiers, WRAPPED_MARK, True)
+    return call_reading_tiers
+
+
 def _agent_first(method: str):
     """A wrapper that lets the runtime agent's `method` see the call's first argument (a tensor
     to pin, a storage to bring back) before the call runs; nothing without an agent."""
@@ -81,11 +94,12 @@ def _agent_first(method: str):
 
 
 def wrap_module(module) -> None:
-    """Wrap the savers of a just-imported module (SAVERS), and Tensor's exports with torch."""
-    for path in SAVERS.get(module.__name__, ()):
-        owner_path, _, attr = path.rpartition(".")
-        owner = getattr(module, owner_path) if owner_path else module
-        _wrap(owner, attr, _held)
+    """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and Tensor's exports with torch."""
+    for savers, wrapper in ((TIER_SAVERS, _from_tiers), (SAVERS, _held)):
+        for path in savers.get(module.__name__, ()):
+            owner_path, _, attr = path.rpartition(".")
+            owner = getattr(module, owner_path) if owner_path else module
+            _wrap(owner, attr, wrapper)
     if module.__name__ == "torch":
         for attr in EXPORTS:
             _wrap(module.Tensor, attr, _agent_first("pin_for_raw_read"))
@@ -106,7 +120,8 @@ def install() -> None:
     import importlib.util
     import sys
 
-    for name in SAVERS:
+    wrapped = {**TIER_SAVERS, **SAVERS}
+    for name in wrapped:
         module = sys.modules.get(name)
         if module is not None:
             wrap_module(module)
@@ -115,7 +130,7 @@ def install() -> None:
         busy: set = set()
 
         def find_spec(self, name, path=None, target=None):
-            if name not in SAVERS or name in self.busy:
+            if name not in wrapped or name in self.busy:
                 return None
             self.busy.add(name)  # the lookup below asks every finder again, this one included
             try:

@@ -35,6 +35,7 @@ tensors (teraio_run/budget.py). Neither path can corrupt training: every op's in
 """
 
 import sys
+from contextlib import contextmanager
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -46,6 +47,7 @@ from teraio.walk import OpWalk, WalkListener, makes_uninitialized, op_structure,
 from teraio_run.budget import BudgetKeeper
 from teraio_run.engine import MigrationEngine
 from teraio_run.metrics import IterationLog
+from teraio_run.saving import save_from_tiers
 
 
 
@@ -263,6 +265,17 @@ class RunAgent(WalkListener):
     def resident(self):
         """`teraio.resident()`: every tensor on the device until the block ends (BudgetKeeper.resident)."""
         return self.keeper.resident()
+
+    @contextmanager
+    def save_from_tiers(self):
+        """torch.save: moved tensors read from their tiers, nothing leaving while it runs
+        (Note [Saving from the tiers] in teraio_run/saving.py)."""
+        self.keeper.holds += 1
+        try:
+            with save_from_tiers(self.engine, self.walk.records):
+                yield
+        finally:
+            self.keeper.holds -= 1
 
     def pin_for_raw_read(self, tensor) -> None:
         self.keeper.pin_for_raw_read(tensor)

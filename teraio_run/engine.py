@@ -501,6 +501,19 @@ class MigrationEngine:
                 if moved.state != LOST:  # its slot went with the loss
                     self._release_slot(moved)
 
+    def host_bytes(self, record) -> torch.Tensor | None:
+        """A CPU copy of a moved-out storage's bytes, read from its tier (Note [Saving from the
+        tiers] in teraio_run/saving.py); None when it is not out, or no tier holds its bytes."""
+        moved = self.moved.get(record.key)
+        if moved is None or moved.state not in (OFFLOADING, OFFLOADED):
+            return None
+        transfer = moved.transfer   # None: a clean copy, in its tier already (Note [Clean copies])
+        if transfer is not None:
+            transfer.wait_host()
+            if transfer.error() is not None:
+                return None   # the copy out failed: ensure_resident says what was lost
+        return moved.tier.read_host(moved.slot, moved.nbytes)
+
     def restore_all(self, records_by_key) -> None:
         """Bring every tensor back (checkpointing, shutdown, a plan we stopped following)."""
         for key in list(self.moved):

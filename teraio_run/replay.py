@@ -164,6 +164,10 @@ class ReplayTier:
                 if not keys:
                     del self.dependents[record.key]
 
+    def read_host(self, slot: int, nbytes: int) -> None:
+        """No bytes are kept: only the replay makes them."""
+        return None
+
     def wait_device_frees(self) -> None:
         """Nothing copies out of device memory: nothing to wait for."""
 

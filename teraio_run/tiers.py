@@ -290,6 +290,9 @@ class Tier(Protocol):
 
     def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer: ...
 
+    def read_host(self, slot: int, nbytes: int) -> torch.Tensor | None:
+        """A CPU copy of the slot's bytes (uint8), None when the tier holds none (a replay)."""
+
     def needs(self, slot: int) -> list:
         """Storages (walk records) that must be resident before copy_in: a replay's inputs."""
 
@@ -321,6 +324,9 @@ class HostTier:
     def wait_device_frees(self) -> None:
         if self.cuda:
             self.d2h_stream.synchronize()  # blocks freed under record_stream are reusable after
+
+    def read_host(self, slot: int, nbytes: int) -> torch.Tensor:
+        return self.pool.slice(slot, nbytes).clone()
 
     def take_peak_bytes(self) -> int:
         """The most the pool held since the last call (the run report's per-iteration row)."""
@@ -461,6 +467,16 @@ class SsdTier:
         data = byte_view(storage)
         future = self.threads.submit(self._io, self.files.read, self._chunks_of[slot], data, self._compute_event())
         return Transfer("s2d", data.numel(), future=future)
+
+    def read_host(self, slot: int, nbytes: int) -> torch.Tensor | None:
+        """Read with plain POSIX I/O whatever wrote them (KvikIO's files are plain files)."""
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            for path, lo, hi in self._chunks_of[slot]:
+                PosixFiles().read(path, data[lo:hi])
+        except OSError:
+            return None   # ensure_resident reads it again and says what was lost
+        return data
 
     def _compute_event(self):
         if not self.cuda:

@@ -1,6 +1,7 @@
 """On a CUDA GPU (skipped elsewhere): the parts the CPU tests cannot reach. Run them on the GPU
 machine with `python -m pytest -m gpu tests/test_gpu.py`."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from teraio.formats.plan import save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
 from cli_helpers import EXAMPLE, losses
+from test_clients import CLIENTS
 from runtime_helpers import every_period_plan
 
 pytestmark = pytest.mark.gpu
@@ -164,3 +166,26 @@ def test_a_trace_profiled_under_a_cap_on_cuda_records_the_same_job(tmp_path):
     assert capped.columns_unlike(full) == []
     assert capped.header.profiled_under_cap.waited_kernels > 0
     assert abs(capped.header.untracked_bytes - full.header.untracked_bytes) < 64 << 20
+
+
+def test_torch_save_of_a_state_partly_moved_out_holds_true_values_on_its_device(tmp_path):
+    """Note [Saving from the tiers]: moved tensors pickle from host copies tagged with their
+    device; torch.load puts them back there, equal to the plain run's, nothing brought back."""
+    client = [sys.executable, CLIENTS / "save_moved.py", "--device", "cuda"]
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    run(*client[1:], "--out", tmp_path / "plain.json", "--checkpoint", tmp_path / "plain.pt", cwd=tmp_path, env=env)
+    run("-m", "teraio", "profile", "-o", tmp_path / "t.msgpack", "--", *client, "--out", tmp_path / "p.json",
+        "--checkpoint", tmp_path / "p.pt", cwd=tmp_path, env=env)
+    trace = load_trace(tmp_path / "t.msgpack")
+    save_plan(every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2), tmp_path / "plan.json")
+    run("-m", "teraio", "run", "--plan", tmp_path / "plan.json", "--gpu-mem", "8GiB", "--ssd-dir", tmp_path / "ssd",
+        "--", *client, "--out", tmp_path / "run.json", "--checkpoint", tmp_path / "run.pt", cwd=tmp_path, env=env)
+    planned, plain = (json.loads((tmp_path / name).read_text()) for name in ("run.json", "plain.json"))
+    assert planned["losses"] == plain["losses"]
+    assert planned["out_after_save"] == planned["out_at_save"] > 0
+    mine, theirs = (torch.load(tmp_path / name, weights_only=True) for name in ("run.pt", "plain.pt"))
+    weight, rows = mine["weight_and_rows"]
+    assert weight.device.type == "cuda" and torch.equal(weight, theirs["weight_and_rows"][0])
+    assert rows.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(mine["model"].values(), theirs["model"].values()))
+    assert all(a.device.type == "cuda" for a in mine["model"].values())

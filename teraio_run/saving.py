@@ -1,0 +1,89 @@
+"""torch.save of tensors the plan moved out, read from where their bytes are.
+
+Note [Saving from the tiers]
+torch.save pickles each storage's size and device first and writes its bytes after. Under
+`teraio.resident()` (the other savers' way: teraio/raw_access.py) every moved storage comes back
+to the device first: for a job whose state does not fit the device, the whole point of TeraIO,
+that is an out-of-memory error in the middle of a checkpoint. So torch.save goes another way:
+while it runs, a tensor whose storage is out (in the host pool or a swap file, its copy done or
+waited for) pickles as a CPU tensor over a copy of those bytes read straight from the tier,
+viewed with the same offset, size and stride, and tagged with the device it belongs to
+(`location_tag`, through a tagger registered first), so the file is the one a plain run writes
+and torch.load puts it back on the device. One copy per storage per save: tensors that share a
+storage still share it in the file. Storages on the device pickle as usual. Nothing comes back
+to the device but what no tier holds the bytes of (a replayed activation: it is made again, as
+for an op), and nothing leaves while the save runs (its sizes are pickled before its bytes are
+written). Tensor subclasses (DTensor) pickle as usual.
+"""
+
+from contextlib import contextmanager
+
+import torch
+import torch.serialization
+from torch.utils._python_dispatch import _disable_current_modes
+
+TAG_PRIORITY = 1   # before PyTorch's own taggers (cpu 10, cuda 20)
+
+
+class TierReads:
+    """The state of one torch.save: CPU copies by storage key, device tags by CPU storage."""
+
+    def __init__(self, engine, records):
+        self.engine, self.records = engine, records
+        self.copies: dict[int, torch.UntypedStorage] = {}
+        self.tags: dict[int, str] = {}
+
+    def stand_in(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """A CPU tensor with `tensor`'s bytes read from its tier, or None to pickle it as it is."""
+        if type(tensor) is not torch.Tensor or torch._utils._get_obj_state(tensor):
+            return None   # a subclass, or Python attributes the stand-in would not carry
+        storage = tensor.untyped_storage()
+        record = self.records.get(storage._cdata)
+        if record is None or storage._cdata not in self.engine.moved:
+            return None
+        copy = self.copies.get(record.key)
+        if copy is None:
+            host_bytes = self.engine.host_bytes(record)
+            if host_bytes is None:   # no tier holds it (a replay), or its copy failed: bring it back
+                self.engine.ensure_resident(record, "raw_read")
+                return None
+            copy = self.copies[record.key] = host_bytes.untyped_storage()
+            self.tags[copy._cdata] = str(tensor.device)
+        view = torch.empty(0, dtype=tensor.dtype).set_(copy, tensor.storage_offset(), tensor.size(), tensor.stride())
+        return view.requires_grad_(tensor.requires_grad) if tensor.is_leaf else view
+
+
+_active: list[TierReads] = []
+_registered = False
+
+
+def _tag(storage) -> str | None:
+    storage = getattr(storage, "_untyped_storage", storage)
+    return _active[-1].tags.get(storage._cdata) if _active else None
+
+
+def _no_restore(storage, location):
+    return None   # loading is PyTorch's own (the tag names a real device)
+
+
+@contextmanager
+def save_from_tiers(engine, records):
+    """Inside it, torch.save reads moved tensors from their tiers (Note [Saving from the tiers])."""
+    global _registered
+    if not _registered:
+        torch.serialization.register_package(TAG_PRIORITY, _tag, _no_restore)
+        _registered = True
+    reads, reduce = TierReads(engine, records), torch.Tensor.__reduce_ex__
+
+    def reduce_from_tier(tensor, protocol):
+        with _disable_current_modes():   # our reads and views are no ops of the job
+            stand_in = reads.stand_in(tensor)
+        return reduce(tensor if stand_in is None else stand_in, protocol)
+
+    torch.Tensor.__reduce_ex__ = reduce_from_tier
+    _active.append(reads)
+    try:
+        yield
+    finally:
+        torch.Tensor.__reduce_ex__ = reduce
+        _active.remove(reads)

@@ -1,0 +1,63 @@
+"""An MLP trained with AdamW that checkpoints with torch.save between steps, when a plan has
+moved weights and optimizer state out: the checkpoint must hold their true values, tensors
+that share a storage must still share it, and training goes on exactly. Writes the losses, the
+checkpoint, and how many of the saved storages were out of device memory before and after it.
+"""
+
+import argparse
+import json
+
+import torch
+
+WIDTH, DEPTH, BATCH = 256, 6, 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--save-at", type=int, default=5)
+    parser.add_argument("--out", default="save_moved.json")
+    parser.add_argument("--checkpoint", default="checkpoint.pt")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU())
+                                  for _ in range(DEPTH)]).to(args.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    inputs, target = torch.randn(BATCH, WIDTH).to(args.device), torch.randn(BATCH, WIDTH).to(args.device)
+    losses, out_at_save, out_after_save = [], None, None
+    for step in range(args.steps):
+        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if step == args.save_at:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "weight_and_rows": [model[0][0].weight, model[0][0].weight[:3]]}  # one storage, twice
+            out_at_save = _out(state)
+            torch.save(state, args.checkpoint)
+            out_after_save = _out(state)
+    with open(args.out, "w") as f:
+        json.dump({"losses": losses, "out_at_save": out_at_save, "out_after_save": out_after_save}, f)
+
+
+def _out(state) -> int:
+    """Storages among the state's with no device memory now (moved out by a plan)."""
+    return len({t.untyped_storage()._cdata for t in _tensors(state) if t.untyped_storage().nbytes() == 0})
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+if __name__ == "__main__":
+    main()
