@@ -5,10 +5,12 @@ raw pointers: safetensors (transformers' default save path), torch.save on CPU t
 Tensor.numpy() and DLPack exports, C extensions. A storage the plan moved out has no memory
 then (resized to 0: safetensors sees every such tensor at address 0, takes them for shared
 tensors and refuses, or writes garbage). So:
-- torch.save (TIER_SAVERS) reads what was moved out straight from the host pool or the swap
-  files, nothing coming back to the device (Note [Saving from the tiers] in
-  teraio_run/saving.py): a state larger than the device saves as it does plainly;
-- the other savers (SAVERS below) run inside `resident()`: everything back, nothing leaving;
+- torch.save, safetensors' save_file and transformers' save_pretrained (TIER_SAVERS) read
+  what was moved out straight from the host pool or the swap files, nothing coming back to the
+  device (Note [Saving from the tiers] in teraio_run/saving.py): a state larger than the
+  device saves as it does plainly;
+- the savers that take a model (SAVERS below) run inside `resident()`: everything back,
+  nothing leaving;
 - numpy and DLPack exports bring their one storage back and pin it: the pointer they hand
   out may be read at any later time, so that storage never moves again;
 - a storage's clone and cpu copy (copy.deepcopy of a tensor, a module or a state_dict goes
@@ -22,12 +24,19 @@ cost one list lookup when no runtime agent is active (plain runs, `teraio profil
 import functools
 from contextlib import nullcontext
 
-# module -> attributes ("Class.method" for methods) whose calls read storages raw
-TIER_SAVERS = {"torch": ("save",), "torch.serialization": ("save",)}
+# module -> {attribute ("Class.method" for methods): where its tensors are} for savers that
+# read moved tensors from the tiers: pickled (torch.save), the first argument (a dict of
+# tensors), or the model's state dict (save_pretrained: it looks for shared storages by address)
+TIER_SAVERS = {
+    "torch": {"save": "pickled"},
+    "torch.serialization": {"save": "pickled"},
+    "safetensors.torch": {"save_file": "dict", "save": "dict"},
+    "transformers.modeling_utils": {"PreTrainedModel.save_pretrained": "state_dict"},
+}
+# module -> attributes whose calls read storages raw inside resident(): they take a model and
+# look for shared storages by address before safetensors is called
 SAVERS = {
-    "safetensors.torch": ("save_file", "save", "save_model"),
-    # these look for shared storages by address before safetensors is called
-    "transformers.modeling_utils": ("PreTrainedModel.save_pretrained",),
+    "safetensors.torch": ("save_model",),
     "accelerate.utils.other": ("save",),
     "accelerate.accelerator": ("Accelerator.save_model",),
 }
@@ -66,15 +75,30 @@ def _held(fn):
     return call_resident
 
 
-def _from_tiers(fn):
-    @functools.wraps(fn)
-    def call_reading_tiers(*args, **kwargs):
-        saving = getattr(_listener(), "save_from_tiers", None)
-        with saving() if saving is not None else nullcontext():
-            return fn(*args, **kwargs)
+def _from_tiers(where: str):
+    """A saver wrapper: moved tensors read from their tiers (TIER_SAVERS), nothing without an agent."""
+    def wrapper(fn):
+        @functools.wraps(fn)
+        def call_reading_tiers(*args, **kwargs):
+            saving = getattr(_listener(), "save_from_tiers", None)
+            if saving is None:
+                return fn(*args, **kwargs)
+            if where == "state_dict" and len(args) > 2:  # given by position: not ours to replace
+                with resident():
+                    return fn(*args, **kwargs)
+            with saving() as reads:
+                if where == "dict" and args:
+                    args = (reads.stand_ins(args[0]), *args[1:])
+                elif where == "dict" and "tensors" in kwargs:
+                    kwargs["tensors"] = reads.stand_ins(kwargs["tensors"])
+                elif where == "state_dict":
+                    given = kwargs.get("state_dict")
+                    kwargs["state_dict"] = reads.state_dict_of(args[0]) if given is None else reads.stand_ins(given)
+                return fn(*args, **kwargs)
 
-    setattr(call_reading_tiers, WRAPPED_MARK, True)
-    return call_reading_tiers
+        setattr(call_reading_tiers, WRAPPED_MARK, True)
+        return call_reading_tiers
+    return wrapper
 
 
 def _agent_first(method: str):
@@ -95,11 +119,12 @@ def _agent_first(method: str):
 
 def wrap_module(module) -> None:
     """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and Tensor's exports with torch."""
-    for savers, wrapper in ((TIER_SAVERS, _from_tiers), (SAVERS, _held)):
-        for path in savers.get(module.__name__, ()):
-            owner_path, _, attr = path.rpartition(".")
-            owner = getattr(module, owner_path) if owner_path else module
-            _wrap(owner, attr, wrapper)
+    savers = {path: _from_tiers(where) for path, where in TIER_SAVERS.get(module.__name__, {}).items()}
+    savers.update((path, _held) for path in SAVERS.get(module.__name__, ()))
+    for path, wrapper in savers.items():
+        owner_path, _, attr = path.rpartition(".")
+        owner = getattr(module, owner_path) if owner_path else module
+        _wrap(owner, attr, wrapper)
     if module.__name__ == "torch":
         for attr in EXPORTS:
             _wrap(module.Tensor, attr, _agent_first("pin_for_raw_read"))

@@ -274,8 +274,8 @@ class RunAgent(WalkListener):
         (Note [Saving from the tiers] in teraio_run/saving.py)."""
         self.keeper.holds += 1
         try:
-            with save_from_tiers(self.engine, self.walk.records):
-                yield
+            with save_from_tiers(self.engine, self.walk.records) as reads:
+                yield reads
         finally:
             self.keeper.holds -= 1
 

@@ -1,22 +1,24 @@
-"""torch.save of tensors the plan moved out, read from where their bytes are.
+"""Checkpoints of tensors the plan moved out, read from where their bytes are.
 
 Note [Saving from the tiers]
 torch.save pickles each storage's size and device first and writes its bytes after. Under
-`teraio.resident()` (the other savers' way: teraio/raw_access.py) every moved storage comes back
-to the device first: for a job whose state does not fit the device, the whole point of TeraIO,
-that is an out-of-memory error in the middle of a checkpoint. So torch.save goes another way:
-while it runs, a tensor whose storage is out (in the host pool or a swap file, its copy done or
-waited for) pickles as a CPU tensor over a copy of those bytes read straight from the tier,
-viewed with the same offset, size and stride, and tagged with the device it belongs to
-(`location_tag`, through a tagger registered first), so the file is the one a plain run writes
-and torch.load puts it back on the device. One copy per storage per save: tensors that share a
-storage still share it in the file. Storages on the device pickle as usual. Nothing comes back
-to the device but what no tier holds the bytes of (a replayed activation: it is made again, as
-for an op), and nothing leaves while the save runs (its sizes are pickled before its bytes are
-written). Tensor subclasses (DTensor) pickle as usual.
+`teraio.resident()` (the model-taking savers' way: teraio/raw_access.py) every moved storage
+comes back to the device first: for a job whose state does not fit the device, the whole point
+of TeraIO, that is an out-of-memory error in the middle of a checkpoint. So torch.save goes
+another way: while it runs, a tensor whose storage is out (in the host pool or a swap file, its
+copy done or waited for) pickles as a CPU tensor over a copy of those bytes read straight from
+the tier, viewed with the same offset, size and stride, and tagged with the device it belongs
+to (`location_tag`, through a tagger registered first), so the file is the one a plain run
+writes and torch.load puts it back on the device. safetensors' save_file and transformers'
+save_pretrained get such stand-ins in their dict of tensors or state dict (the format has no
+device). One copy per storage per save: tensors that share a storage still share it in the
+file. Storages on the device are saved as usual. Nothing comes back to the device but what no
+tier holds the bytes of (a replayed activation: it is made again, as for an op), and nothing
+leaves while the save runs (its sizes are read before its bytes). Tensor subclasses (DTensor)
+and tensors with Python attributes are saved as usual.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.serialization
@@ -52,6 +54,24 @@ class TierReads:
         view = torch.empty(0, dtype=tensor.dtype).set_(copy, tensor.storage_offset(), tensor.size(), tensor.stride())
         return view.requires_grad_(tensor.requires_grad) if tensor.is_leaf else view
 
+    def stand_ins(self, tensors: dict) -> dict:
+        """A dict of tensors (a state dict) with a stand-in for each moved one."""
+        with _disable_current_modes():
+            return {name: self._or_itself(value) for name, value in tensors.items()}
+
+    def state_dict_of(self, model) -> dict:
+        """The model's state dict with stand-ins. Taken outside the walk, whose detach ops would
+        bring every moved tensor back, unless a module has state-dict hooks: their code may read
+        tensor data, so they run under the walk (what they touch comes back, as for any op)."""
+        hooked = any(m._state_dict_hooks or m._state_dict_pre_hooks for m in model.modules())
+        with nullcontext() if hooked else _disable_current_modes():
+            state = model.state_dict()
+        return self.stand_ins(state)
+
+    def _or_itself(self, value):
+        stand_in = self.stand_in(value) if isinstance(value, torch.Tensor) else None
+        return value if stand_in is None else stand_in
+
 
 _active: list[TierReads] = []
 _registered = False
@@ -83,7 +103,7 @@ def save_from_tiers(engine, records):
     torch.Tensor.__reduce_ex__ = reduce_from_tier
     _active.append(reads)
     try:
-        yield
+        yield reads
     finally:
         torch.Tensor.__reduce_ex__ = reduce
         _active.remove(reads)

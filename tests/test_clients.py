@@ -57,7 +57,8 @@ def assert_same_safetensors(a: Path, b: Path) -> None:
 def test_save_pretrained_safetensors_numpy_and_dlpack_after_training_see_true_values(tmp_path):
     """The job ends with the plan's wrap-around offloads done: every weight is out. Its
     saves read raw memory (no ATen op): save_pretrained and accelerate's save_model refused
-    (offloaded storages all at address 0 look shared), save_file wrote garbage or failed."""
+    (offloaded storages all at address 0 look shared), save_file wrote garbage or failed.
+    save_pretrained reads them from the tiers (Note [Saving from the tiers])."""
     saves = ("--save-pretrained", "sp", "--safetensors-out", "w.safetensors", "--numpy-out", "w.npz",
              "--accelerate-save", "acc")
     plan = profile_and_plan(tmp_path, "hf_llama.py", "--steps", 6)
@@ -67,6 +68,8 @@ def test_save_pretrained_safetensors_numpy_and_dlpack_after_training_see_true_va
     proc, report = run_planned(tmp_path, plan, "hf_llama.py", "--steps", 6, "--losses-out", "l.json", *saves)
     assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
     assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    out_before, out_after = json.loads((tmp_path / "sp.out.json").read_text())
+    assert out_after == out_before > 0   # save_pretrained read them from the tiers: none came back
     assert_same_safetensors(tmp_path / "w.safetensors", plain / "w.safetensors")
     assert_same_safetensors(tmp_path / "acc" / "model.safetensors", plain / "acc" / "model.safetensors")
     mine, theirs = np.load(tmp_path / "w.npz"), np.load(plain / "w.npz")

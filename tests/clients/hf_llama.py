@@ -81,7 +81,10 @@ def main():
         with open(args.losses_out, "w") as f:
             json.dump(losses, f)
     if args.save_pretrained:
+        out_before = _out_of_memory(model)
         model.save_pretrained(args.save_pretrained)
+        with open(f"{args.save_pretrained}.out.json", "w") as f:   # moved out around the save
+            json.dump([out_before, _out_of_memory(model)], f)
     if args.safetensors_out:
         from safetensors.torch import save_file
         save_file({n: p.detach() for n, p in model.named_parameters()}, args.safetensors_out)
@@ -93,6 +96,11 @@ def main():
         # every other parameter through DLPack: both hand out a raw pointer to the storage
         np.savez(args.numpy_out, **{n: np.from_dlpack(p.detach().cpu()) if i % 2 else p.detach().cpu().numpy()
                                     for i, (n, p) in enumerate(model.named_parameters())})
+
+
+def _out_of_memory(model) -> int:
+    """Parameters whose storage has no memory now (a plan moved them out)."""
+    return sum(p.untyped_storage().nbytes() == 0 for p in model.parameters())
 
 
 if __name__ == "__main__":
