@@ -113,8 +113,6 @@ class RunAgent(WalkListener):
             if record is None:
                 self.log.counts["plan_ids_missing"] += 1
                 continue
-            # counted after this op, and sent back if it passes the budget there (Note
-            # [Prefetches within the budget] in teraio_run/budget.py)
             self.keeper.grew = True
             try:
                 self.engine.prefetch(record)
