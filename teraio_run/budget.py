@@ -130,6 +130,9 @@ class BudgetKeeper:
             return "collective"
         if record.key in self.unwritten:
             return "unwritten"
+        storage = record.storage()
+        if storage is not None and not storage.resizable():
+            return "not_resizable"
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
         return "ddp_gradient" if kind == Kind.gradient and self._ddp else None

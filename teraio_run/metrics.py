@@ -16,6 +16,8 @@ REFUSALS = {
     "collective": "a collective still uses it",
     "kind": "the runtime never moves storages of its kind",
     "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
+    "not_resizable": "its memory belongs to whoever made it, not to the allocator (torch.load's CPU storages, "
+                     "which optimizer.load_state_dict keeps as the optimizer state on the CPU): it cannot be freed",
 }
 
 
