@@ -28,7 +28,7 @@ TAG_PRIORITY = 1   # before PyTorch's own taggers (cpu 10, cuda 20)
 
 
 class TierReads:
-    """The state of one torch.save: CPU copies by storage key, device tags by CPU storage."""
+    """The state of one save: CPU copies by storage key, device tags by CPU storage."""
 
     def __init__(self, engine, records):
         self.engine, self.records = engine, records
@@ -78,8 +78,9 @@ _registered = False
 
 
 def _tag(storage) -> str | None:
-    storage = getattr(storage, "_untyped_storage", storage)
-    return _active[-1].tags.get(storage._cdata) if _active else None
+    """The device of a stand-in's copy, from any save running (save_pretrained runs save_file)."""
+    key = getattr(storage, "_untyped_storage", storage)._cdata
+    return next((reads.tags[key] for reads in reversed(_active) if key in reads.tags), None)
 
 
 def _no_restore(storage, location):
