@@ -15,7 +15,8 @@ tensors and refuses, or writes garbage). So:
   out may be read at any later time, so that storage never moves again;
 - a storage's clone and cpu copy (copy.deepcopy of a tensor, a module or a state_dict goes
   through clone) size the copy with nbytes() before any op runs, which reads 0 for a storage
-  moved out: they bring that storage back first (it may leave again later);
+  moved out: they bring that storage back first, and nothing leaves until the copy returns
+  (it may leave again later);
 - anything else calls `teraio.resident()` around its raw reads.
 The wrappers are installed as their modules are imported (the bootstrap's import hook) and
 cost one list lookup when no runtime agent is active (plain runs, `teraio profile`).
@@ -81,9 +82,9 @@ def _from_tiers(where: str):
         @functools.wraps(fn)
         def call_reading_tiers(*args, **kwargs):
             saving = getattr(_listener(), "save_from_tiers", None)
-            if saving is None:
-                return fn(*args, **kwargs)
-            if where == "state_dict" and len(args) > 2:  # given by position: not ours to replace
+            # no agent: nothing to do; a capped profile, or a state dict given by position (not
+            # ours to replace): everything back, as for the other savers
+            if saving is None or (where == "state_dict" and len(args) > 2):
                 with resident():
                     return fn(*args, **kwargs)
             with saving() as reads:
@@ -117,6 +118,21 @@ def _agent_first(method: str):
     return wrapper
 
 
+def _agent_around(method: str):
+    """A wrapper that runs the call inside the runtime agent's context `method`, given the
+    call's first argument (a storage to hold back while it is copied); nothing without an agent."""
+    def wrapper(fn):
+        @functools.wraps(fn)
+        def call_inside_agent(first, *args, **kwargs):
+            around = getattr(_listener(), method, None)
+            with around(first) if around is not None else nullcontext():
+                return fn(first, *args, **kwargs)
+
+        setattr(call_inside_agent, WRAPPED_MARK, True)
+        return call_inside_agent
+    return wrapper
+
+
 def wrap_module(module) -> None:
     """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and Tensor's exports with torch."""
     savers = {path: _from_tiers(where) for path, where in TIER_SAVERS.get(module.__name__, {}).items()}
@@ -129,7 +145,7 @@ def wrap_module(module) -> None:
         for attr in EXPORTS:
             _wrap(module.Tensor, attr, _agent_first("pin_for_raw_read"))
         for attr in STORAGE_COPIES:
-            _wrap(module.UntypedStorage, attr, _agent_first("restore_for_read"))
+            _wrap(module.UntypedStorage, attr, _agent_around("held_for_copy"))
 
 
 def _wrap(owner, attr: str, wrapper) -> None:

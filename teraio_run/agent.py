@@ -113,6 +113,8 @@ class RunAgent(WalkListener):
             if record is None:
                 self.log.counts["plan_ids_missing"] += 1
                 continue
+            # counted after this op, and sent back if it passes the budget there (Note
+            # [Prefetches within the budget] in teraio_run/budget.py)
             self.keeper.grew = True
             try:
                 self.engine.prefetch(record)
@@ -280,8 +282,9 @@ class RunAgent(WalkListener):
     def pin_for_raw_read(self, tensor) -> None:
         self.keeper.pin_for_raw_read(tensor)
 
-    def restore_for_read(self, storage) -> None:
-        self.keeper.restore_for_read(storage)
+    def held_for_copy(self, storage):
+        """A storage's clone or cpu copy (teraio/raw_access.py): BudgetKeeper.held_for_copy."""
+        return self.keeper.held_for_copy(storage)
 
 
 def _index_replays(plan: Plan) -> dict[int, dict[str, int]]:

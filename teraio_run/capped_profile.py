@@ -82,6 +82,9 @@ class CappedProfile:
     def resident(self):
         return self.keeper.resident()
 
+    def held_for_copy(self, storage):
+        return self.keeper.held_for_copy(storage)
+
     def pin_for_raw_read(self, tensor) -> None:
         self.keeper.pin_for_raw_read(tensor)
 

@@ -357,6 +357,25 @@ class MigrationEngine:
         else:
             self._start_prefetch(record, moved)
 
+    def defer_prefetch(self, key: int) -> int:
+        """Send a storage that a prefetch brought back ahead of its op out again, its bytes
+        still in the tier's slot: the op that needs it brings it back, a stall as for any
+        prefetch that was not done (Note [Prefetches within the budget] in
+        teraio_run/budget.py). The device bytes freed, 0 where it cannot go."""
+        moved = self.moved.get(key)
+        # a replay counts the replays its call has left: it runs once per use, not twice
+        if moved is None or moved.state != PREFETCHING or moved.tier.name == "recompute":
+            return 0
+        moved.transfer.wait_host()  # the copy still writes into the memory about to go
+        if moved.transfer.error() is not None:
+            return 0  # its bytes are lost: the op that needs it says so (_finish_prefetch)
+        moved.storage.resize_(0)
+        moved.storage, moved.state = None, OFFLOADED
+        self.offloaded_now += moved.nbytes
+        self.released_bytes += moved.nbytes
+        self.stats.skipped += 1
+        return moved.nbytes
+
     def _start_prefetch(self, record, moved: Moved) -> None:
         for needed in moved.tier.needs(moved.slot):  # a replay's inputs (Note [Replay] in teraio_run/replay.py)
             self.ensure_resident(needed, "replay_input")

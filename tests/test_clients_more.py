@@ -89,9 +89,13 @@ def test_a_complex_valued_spectral_layer_trains_identically(tmp_path):
     assert report.offloaded_bytes_by_kind.get("activation", 0) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="at the least a job needs to run at all (teraio plan's refusal: "
-                   "'the job runs, evicting on demand'), iterations that follow a plan pass the budget by a "
-                   "storage or two that off-plan ones keep within it (open: teraio_run, prefetches at the peak)")
-def test_a_job_at_the_least_it_needs_keeps_its_budget_while_following_a_plan(tmp_path):
-    _, report, _, _ = train_both_ways(tmp_path, "sparse_graph.py", floor=kernel_need_bytes)
+@pytest.mark.parametrize("script", ["sparse_graph.py", "spectral.py"])
+def test_a_job_at_the_least_it_needs_keeps_its_budget_while_following_a_plan(tmp_path, script):
+    """At the least a job needs to run at all (teraio plan's refusal: 'the job runs, evicting on
+    demand'), the prefetches for the next kernels landed while a kernel's own tensors filled the
+    budget, and iterations on the plan passed it (557,592 bytes of 541,968; 900 KiB of 809 KiB)
+    where unplanned ones kept it (Note [Prefetches within the budget] in teraio_run/budget.py)."""
+    _, report, planned, plain = train_both_ways(tmp_path, script, floor=kernel_need_bytes)
+    assert planned == plain
+    assert report.iterations_on_plan >= 3
     assert report.peak_device_bytes <= report.budget_bytes
