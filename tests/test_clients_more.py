@@ -36,7 +36,7 @@ def train_both_ways(tmp_path, script: str, *args, floor=min_required_bytes):
 
 def test_sparse_embedding_gradients_with_sparse_adam_train_identically(tmp_path):
     """Note [Sparse tensors] in teraio/walk.py: naming Embedding(sparse=True)'s gradient asked a
-    sparse tensor for its storage, and the profile died (NotImplementedError)."""
+    sparse tensor for its storage, and the profile died ("Cannot access storage of SparseTensorImpl")."""
     _, report, planned, plain = train_both_ways(tmp_path, "sparse_embedding.py")
     assert planned == plain
     assert report.iterations_on_plan >= 3 and report.peak_device_bytes <= report.budget_bytes
