@@ -184,7 +184,7 @@ def test_torch_save_of_a_state_partly_moved_out_holds_true_values_on_its_device(
     planned, plain = (json.loads((tmp_path / name).read_text()) for name in ("run.json", "plain.json"))
     assert planned["losses"] == plain["losses"]
     report = load_report(tmp_path / "report.json")
-    # At 17391b6 nothing was out at the save on the H200 (0 storages): these say why when it fails
+    # these say what the plan did when nothing was out at the save
     assert planned["out_after_save"] == planned["out_at_save"] > 0, (
         report.iterations_on_plan, report.per_iteration[-1].model_dump(), report.offloaded_bytes_by_kind)
     mine, theirs = (torch.load(tmp_path / name, weights_only=True) for name in ("run.pt", "plain.pt"))
