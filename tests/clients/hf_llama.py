@@ -81,6 +81,9 @@ def main():
         with open(args.losses_out, "w") as f:
             json.dump(losses, f)
     if args.save_pretrained:
+        if args.device.startswith("cuda"):  # the plan's copies out done and seen: the save meets moved weights
+            torch.cuda.synchronize()
+            torch.zeros(1, device=args.device)
         out_before = _out_of_memory(model)
         model.save_pretrained(args.save_pretrained)
         with open(f"{args.save_pretrained}.out.json", "w") as f:   # moved out around the save

@@ -100,10 +100,16 @@ class StartOnFirstOp(TorchDispatchMode):
             handle.remove()
         self._handles = []
         self.running_modules = []
-        if self not in _get_current_dispatch_mode_stack():
+        stack = _get_current_dispatch_mode_stack()
+        if self not in stack:
             return
-        above = []
-        while (mode := _pop_mode()) is not self:  # modes the job pushed since stay, in order
-            above.append(mode)
-        for mode in reversed(above):
-            _push_mode(mode)
+        # Note [Modes pushed again]: every mode is pushed again, not only those above the
+        # trigger: the walk was pushed from inside the trigger's handler, and when the op that
+        # started it made a device tensor from host ones (`model.to("cuda")`), the thread's
+        # dispatch keys were left off as that handler returned (seen on the H200, torch 2.11):
+        # the job's ops then bypassed the walk, and the trace held the backward's 12 detaches
+        # of a 6-layer model and nothing else. Pushing sets the keys from the stack again.
+        popped = [_pop_mode() for _ in stack]
+        for mode in reversed(popped):  # modes the job pushed since stay, in order
+            if mode is not self:
+                _push_mode(mode)
