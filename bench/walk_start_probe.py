@@ -1,7 +1,6 @@
 """Where the walk starts on CUDA, and whether it sees the job's ops (docs/gpu-results.md, ninth session).
 
     teraio profile -o /tmp/s.msgpack -- python bench/walk_start_probe.py moved      # model.to("cuda")
-    teraio profile -o /tmp/s.msgpack -- python bench/walk_start_probe.py ondevice   # built on the GPU
     teraio profile -o /tmp/s.msgpack -- python bench/walk_start_probe.py repush     # the modes pushed again by hand
 
 Prints at each stage the walk's kernel count and iteration, the mode stack, and whether the
