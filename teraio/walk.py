@@ -58,6 +58,13 @@ resident and counted as used at every op that takes the sparse tensor. Moved out
 uses the trace did not see, a sparse.mm's backward read unallocated memory. A sparse gradient
 is not named as a gradient (it has no storage to key): its parts keep their birth names.
 
+Note [Nested tensors]
+A nested tensor (nn.TransformerEncoder's fast path in eval, with a padding mask) keeps its
+bytes in one flat buffer, a storage like any, but has no sizes: `shape` raises. Its record
+gives the buffer's element count as its shape, the guard's signatures its rank and buffer
+size, and it never moves (kind `other`, pinned): its size and offset metadata are host
+tensors that the walk never sees, and it lives within one pass of inference.
+
 Note [Iteration boundary]
 A step ends when an optimizer step finishes (the global step post-hook), so an unmodified
 script needs nothing; loops without a torch optimizer call `teraio_step()`. An iteration is
@@ -144,6 +151,17 @@ class WeakStorage:
         _free(self.cdata)
 
 
+def _flat_shape(tensor: torch.Tensor) -> tuple:
+    """A nested tensor's buffer as a flat tensor (Note [Nested tensors]): it has no sizes."""
+    return (tensor.untyped_storage().nbytes() // tensor.element_size(),)
+
+
+def _signature_shape(tensor: torch.Tensor) -> tuple:
+    """What stands for an output's shape in its op's signature: a nested tensor's rank and
+    buffer size (Note [Nested tensors])."""
+    return tensor.shape if not tensor.is_nested else ("nested", tensor.dim(), *_flat_shape(tensor))
+
+
 _expired = torch.UntypedStorage._expired
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
@@ -162,7 +180,7 @@ class StorageRecord:
         self.nbytes = storage.nbytes()
         # kept as torch gives them: only the profiler reads them as text (dtype, shape)
         self._dtype = tensor.dtype
-        self._shape = tensor.shape if self.nbytes else ()
+        self._shape = () if not self.nbytes else _flat_shape(tensor) if tensor.is_nested else tensor.shape
         self.ref = WeakStorage(storage)
         self.born_iteration = iteration
         self.pinned = False   # never moved (Note [Collective buffers], Note [FSDP2 unsharded parameters])
@@ -267,10 +285,13 @@ _structures: dict = {}
 def op_signature(func, out_tensors: list) -> int:
     """crc32 of the op name and its output shapes: what the guard compares per kernel.
     Memoized by (op, shapes): formatting and hashing the text cost ~5 us, once per op."""
-    key = (id(func), *[t.shape for t in out_tensors])  # Note [Op memos]
+    try:
+        key = (id(func), *[t.shape for t in out_tensors])  # Note [Op memos]
+    except RuntimeError:  # a nested tensor has no sizes (Note [Nested tensors]); rare, off the fast path
+        key = (id(func), *[_signature_shape(t) for t in out_tensors])
     crc = _signatures.get(key)
     if crc is None:
-        shapes = [tuple(t.shape) for t in out_tensors]
+        shapes = [tuple(shape) for shape in key[1:]]
         crc = zlib.crc32(f"{_op_name(func)}|{shapes}".encode())
         if len(_signatures) >= SIGNATURE_MEMO_ENTRIES:
             _signatures.clear()
@@ -916,6 +937,8 @@ class OpWalk(TorchDispatchMode):
             tensor_id = self._birth_name(func, label, phase)
             kind = Kind.activation if phase == Phase.forward else Kind.other
         record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration)
+        if tensor.is_nested:  # Note [Nested tensors]
+            record.kind, record.pinned = Kind.other, True
         self.records[key] = record
         self.created_bytes += record.nbytes
         if self.births is not None:

@@ -205,7 +205,7 @@ class ProfileAgent(WalkListener):
             return False
         p = walk.steps_per_iteration
         needed = rec.needed_iterations
-        status = {"iterations": walk.steps // p, "steps": walk.steps, "trace": self.written,
+        status = {"iterations": walk.steps // p, "steps": walk.steps, "steps_per_iteration": p, "trace": self.written,
                   "rank": self.settings.rank, "needed": needed}
         path.write_text(json.dumps(status | ({"error": error} if error else {})))
         return True

@@ -104,6 +104,9 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
     if steps == 0:
         raise ScriptError(f"{script} finished without an optimizer step: profile a script that trains, "
                           "or mark each iteration with teraio.walk.teraio_step()")
-    raise ScriptError(f"{script} finished after {iterations} iteration(s), but the profile needs at least {needed} "
-                      "(warm-up + profiled, plus the iterations until two in a row run the same ops): "
+    per_iteration = max((s.get("steps_per_iteration", 1) for s in statuses), default=1)
+    cycle = (f" (its ops repeat every {per_iteration} optimizer steps, so an iteration is {per_iteration} steps: "
+             f"it ran {steps} steps; --steps-per-iteration 1 profiles each step on its own)") if per_iteration > 1 else ""
+    raise ScriptError(f"{script} finished after {iterations} iteration(s){cycle}, but the profile needs at least "
+                      f"{needed} (warm-up + profiled, plus the iterations until two in a row run the same ops): "
                       "train for more steps or lower --warmup/--iterations")

@@ -134,6 +134,8 @@ class BudgetKeeper:
         storage = record.storage()
         if storage is not None and not storage.resizable():
             return "not_resizable"
+        if storage is not None and not self.cuda and storage.is_shared():  # (CUDA's all say shared)
+            return "shared"
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
         return "ddp_gradient" if kind == Kind.gradient and self._ddp else None

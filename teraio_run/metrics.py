@@ -18,6 +18,8 @@ REFUSALS = {
     "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
     "not_resizable": "its memory belongs to whoever made it, not to the allocator (torch.load's CPU storages, "
                      "which optimizer.load_state_dict keeps as the optimizer state on the CPU): it cannot be freed",
+    "shared": "it is in shared memory (Module.share_memory(), a tensor sent to another process), which other "
+              "processes may map: it cannot be freed",
 }
 
 

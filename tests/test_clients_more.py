@@ -99,3 +99,21 @@ def test_a_job_at_the_least_it_needs_keeps_its_budget_while_following_a_plan(tmp
     assert planned == plain
     assert report.iterations_on_plan >= 3
     assert report.peak_device_bytes <= report.budget_bytes
+
+
+def test_nested_tensors_of_an_encoders_eval_fast_path_are_walked_and_stay(tmp_path):
+    """Note [Nested tensors] in teraio/walk.py: TransformerEncoder's eval with a padding mask
+    makes nested tensors, which have no sizes; naming one crashed the profile and the run."""
+    _, report, planned, plain = train_both_ways(tmp_path, "nested_eval.py")
+    assert planned == plain
+    assert report.iterations_on_plan >= 3 and report.peak_device_bytes <= report.budget_bytes
+    assert report.offloaded_bytes_by_kind.get("parameter", 0) > 0
+
+
+def test_parameters_in_shared_memory_are_refused_with_their_reason(tmp_path):
+    """Module.share_memory(): freeing a shared storage crashed the run (a segmentation fault in
+    resize_). Their offloads are refused and said; the rest of the model moves."""
+    proc, report, planned, plain = train_both_ways(tmp_path, "shared_memory.py")
+    assert planned == plain
+    assert report.refused_actions_by_reason.get("shared", 0) > 0 and "shared memory" in proc.stderr
+    assert report.offloaded_bytes_by_kind.get("parameter", 0) > 0   # the layer not shared moves
