@@ -82,6 +82,9 @@ def _from_tiers(where: str):
         @functools.wraps(fn)
         def call_reading_tiers(*args, **kwargs):
             saving = getattr(_listener(), "save_from_tiers", None)
+            taken = where == "state_dict" and len(args) <= 2 and kwargs.get("state_dict") is None
+            if taken:  # the same ops in the profile and the run: Note [State dicts outside the walk]
+                kwargs["state_dict"] = state_dict_outside_walk(args[0])
             # no agent: nothing to do; a capped profile, or a state dict given by position (not
             # ours to replace): everything back, as for the other savers
             if saving is None or (where == "state_dict" and len(args) > 2):
@@ -93,13 +96,26 @@ def _from_tiers(where: str):
                 elif where == "dict" and "tensors" in kwargs:
                     kwargs["tensors"] = reads.stand_ins(kwargs["tensors"])
                 elif where == "state_dict":
-                    given = kwargs.get("state_dict")
-                    kwargs["state_dict"] = reads.state_dict_of(args[0]) if given is None else reads.stand_ins(given)
+                    kwargs["state_dict"] = reads.stand_ins(kwargs["state_dict"])
                 return fn(*args, **kwargs)
 
         setattr(call_reading_tiers, WRAPPED_MARK, True)
         return call_reading_tiers
     return wrapper
+
+
+def state_dict_outside_walk(model) -> dict:
+    """Note [State dicts outside the walk]: the model's state dict for a saver that takes the
+    model (save_pretrained), taken with no dispatch mode, whose view ops (a detach per entry)
+    would bring every moved tensor back in a run, and would be kernels of the iteration in a
+    profile but not in the run (a job saving within its repeating cycle then never followed its
+    plan). Unless a module has state-dict hooks: their code may read tensor data, so they run
+    under the walk (what they touch comes back, as for any op), in the profile and the run alike."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    hooked = any(m._state_dict_hooks or m._state_dict_pre_hooks for m in model.modules())
+    with nullcontext() if hooked else _disable_current_modes():
+        return model.state_dict()
 
 
 def _agent_first(method: str):

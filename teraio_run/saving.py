@@ -18,7 +18,7 @@ leaves while the save runs (its sizes are read before its bytes). Tensor subclas
 and tensors with Python attributes are saved as usual.
 """
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 import torch.serialization
@@ -50,7 +50,9 @@ class TierReads:
                 self.engine.ensure_resident(record, "raw_read")
                 return None
             copy = self.copies[record.key] = host_bytes.untyped_storage()
-            self.tags[copy._cdata] = str(tensor.device)
+            # PyTorch's own tag of the moved storage: the same string object where the plain run's is
+            # one (pickle writes each new object again, a constant once), so the file is byte for byte its
+            self.tags[copy._cdata] = torch.serialization.location_tag(storage)
         view = torch.empty(0, dtype=tensor.dtype).set_(copy, tensor.storage_offset(), tensor.size(), tensor.stride())
         return view.requires_grad_(tensor.requires_grad) if tensor.is_leaf else view
 
@@ -58,15 +60,6 @@ class TierReads:
         """A dict of tensors (a state dict) with a stand-in for each moved one."""
         with _disable_current_modes():
             return {name: self._or_itself(value) for name, value in tensors.items()}
-
-    def state_dict_of(self, model) -> dict:
-        """The model's state dict with stand-ins. Taken outside the walk, whose detach ops would
-        bring every moved tensor back, unless a module has state-dict hooks: their code may read
-        tensor data, so they run under the walk (what they touch comes back, as for any op)."""
-        hooked = any(m._state_dict_hooks or m._state_dict_pre_hooks for m in model.modules())
-        with nullcontext() if hooked else _disable_current_modes():
-            state = model.state_dict()
-        return self.stand_ins(state)
 
     def _or_itself(self, value):
         stand_in = self.stand_in(value) if isinstance(value, torch.Tensor) else None

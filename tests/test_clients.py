@@ -249,3 +249,18 @@ def test_batches_the_script_holds_count_in_the_plan_and_the_run_keeps_its_budget
     run_plain(tmp_path, "held_batches.py", "--out", tmp_path / "plain.json")
     assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
     assert report.peak_device_bytes <= budget
+
+
+def test_a_job_that_saves_within_its_cycle_follows_its_plan(tmp_path):
+    """Note [State dicts outside the walk] in teraio/raw_access.py: save_pretrained after every
+    step took its state dict under the walk when profiled (a detach per entry, kernels of the
+    iteration) and outside it when run, so no iteration matched the plan (0 on plan)."""
+    args = ("--steps", 8, "--save-every", 1, "--save-pretrained", "sp", "--losses-out", "l.json")
+    plan = profile_and_plan(tmp_path, "hf_llama.py", *args)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "hf_llama.py", *args)
+    _, report = run_planned(tmp_path, plan, "hf_llama.py", *args)
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
+    assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    assert report.guard_trips == 0 and report.iterations_on_plan >= 3

@@ -44,6 +44,7 @@ def main():
     p.add_argument("--safetensors-out", help="safetensors.torch.save_file of the parameters")
     p.add_argument("--numpy-out", help="np.savez of the parameters through Tensor.numpy() and DLPack")
     p.add_argument("--accelerate-save", help="accelerate's Accelerator().save_model(model, DIR)")
+    p.add_argument("--save-every", type=int, default=0, help="save_pretrained(DIR) after every N steps (with --save-pretrained)")
     p.add_argument("--eval-every", type=int, default=0, help="an evaluation pass under no_grad after every N steps")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) on a frozen base")
     p.add_argument("--grad-ckpt", action="store_true", help="transformers' gradient checkpointing")
@@ -74,6 +75,8 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         if args.accum == 1:
             losses.append(loss.item())
+        if args.save_every and (step + 1) % args.save_every == 0:
+            model.save_pretrained(args.save_pretrained)
         if args.eval_every and (step + 1) % args.eval_every == 0:
             with torch.no_grad():
                 losses.append(model(input_ids=ids[:, :16], labels=ids[:, :16]).loss.item())

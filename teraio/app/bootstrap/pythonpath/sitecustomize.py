@@ -63,9 +63,10 @@ def _start_agent() -> None:
 _chain_load_next_sitecustomize()
 if os.environ.get("TERAIO_MODE"):
     sys.meta_path.insert(0, _AfterTorchImport())
-if os.environ.get("TERAIO_MODE") == "run" or os.environ.get("TERAIO_GPU_MEM_BYTES", "0") != "0":
-    # Before the job imports anything: savers that read raw memory are wrapped as they load
-    # (a run, or a profile under a cap: both move tensors out).
+if os.environ.get("TERAIO_MODE") in ("run", "profile"):
+    # Before the job imports anything: savers that read raw memory are wrapped as they load (a
+    # run and a capped profile move tensors out), in every profile too, so that the profiled op
+    # stream is the run's (Note [State dicts outside the walk] in teraio/raw_access.py).
     try:
         from teraio.raw_access import install as _wrap_raw_readers
         _wrap_raw_readers()
