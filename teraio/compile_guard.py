@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from teraio.errors import UsageError
+from teraio.errors import UsageError, stop_job
 
 _compiled: list[str] = []      # what this process compiled, in order: "torch.compile(Net)"
 _state = {"strict": False, "said": False, "inner": False}
@@ -91,6 +91,5 @@ def _say_if_eager() -> None:
                "(a TorchDispatchMode) watches every op, so the compiled regions run op by op and the "
                "results follow eager numerics, not those of your compiled run")
     if _state["strict"]:
-        print(f"teraio: {message}; stopping the job (--strict)", file=sys.stderr)
-        raise UsageError(f"{message}: remove torch.compile for this job or run it without --strict")
+        stop_job(UsageError(f"{message}: remove torch.compile for this job or run it without --strict"))
     print(f"teraio: warning: {message}", file=sys.stderr)

@@ -1,8 +1,11 @@
 """One error family for everything a user can get wrong; the CLI maps each to an exit code.
 
 Messages are one sentence that says what to do. Library code raises these and never prints
-or exits; `assert` is kept for our own invariants.
+or exits; `assert` is kept for our own invariants. The one exception is `stop_job`, for the
+agents inside the job's process under --strict (below).
 """
+
+import sys
 
 
 class TeraioError(Exception):
@@ -47,3 +50,12 @@ class JobStopped(TeraioError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def stop_job(error: TeraioError):
+    """--strict, inside the job's process: say the error in one line and exit with its code.
+    Raised as an exception, it would surface from inside the job's own calls (an optimizer
+    step's hook, a torch.compile, the first op) with the job's whole stack printed above it;
+    SystemExit unwinds the same way (atexit writes the report) but prints nothing."""
+    print(f"teraio: error: {error}; stopping the job (--strict)", file=sys.stderr, flush=True)
+    raise SystemExit(error.exit_code)

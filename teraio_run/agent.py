@@ -40,7 +40,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from teraio.errors import PlanMismatchError
+from teraio.errors import PlanMismatchError, stop_job
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind, signature_digest
 from teraio.walk import OpWalk, WalkListener, makes_uninitialized, op_structure, written_arguments
@@ -225,7 +225,7 @@ class RunAgent(WalkListener):
         reason = (f"this job's iterations ({which} {digest}, {num_kernels} kernels) do not match the plan's "
                   f"trace ({self.digest}, {ref.num_kernels} kernels): re-profile and re-plan this job")
         if self.strict:
-            raise PlanMismatchError(reason)
+            stop_job(PlanMismatchError(reason))
         self._trip(reason)
 
     def _check_device(self) -> None:
@@ -237,7 +237,7 @@ class RunAgent(WalkListener):
                   f"on cuda:{self.device_index}: run one process per GPU with LOCAL_RANK naming its GPU, "
                   "or give each process its GPU alone with CUDA_VISIBLE_DEVICES")
         if self.strict:
-            raise PlanMismatchError(reason)
+            stop_job(PlanMismatchError(reason))
         print(f"teraio: warning: {reason}", file=sys.stderr)
 
     def _pause(self, k: int, func) -> None:

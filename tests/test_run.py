@@ -171,6 +171,11 @@ def test_plan_of_another_job_is_refused_and_training_stays_correct(work, tmp_pat
     assert "do not match the plan's trace" in proc.stderr
     assert report.iterations_on_plan == 0 and report.guard_trips == 1
     assert_twin(work, tmp_path)
+    # --strict stops it in one line, with the mismatch's exit code and no traceback
+    proc = teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp_path)
+    assert proc.returncode == 6 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "do not match the plan's trace" in line]
+    assert len(said) == 1 and "stopping the job (--strict)" in said[0]
 
 
 def test_swap_folders_are_removed_and_stale_ones_cleaned(work, tmp_path):

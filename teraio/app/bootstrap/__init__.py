@@ -37,6 +37,7 @@ import sys
 import threading
 from pathlib import Path
 
+from teraio.errors import TeraioError, stop_job
 from teraio.settings import Settings
 
 # What sys.argv[0] is in a launcher: its console script, or the module run with `python -m`.
@@ -93,6 +94,11 @@ def start_guarded(settings: Settings):
         return start(settings)
     except SystemExit:
         raise
+    except TeraioError as err:
+        if settings.strict:  # one line, not the job's stack from its first tensor op
+            stop_job(err)
+        print(f"teraio: the agent could not start: {err}; training continues without it", file=sys.stderr)
+        return None
     except BaseException as err:
         if settings.strict:
             # Said here because the error surfaces from the job's first tensor op, which a
