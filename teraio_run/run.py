@@ -60,7 +60,8 @@ def _check_ssd_dirs(ssd_dirs: list[str], plans: list[Plan]) -> None:
         path = Path(ssd_dir)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--ssd-dir {ssd_dir} is a file: give a folder on the SSD")
-        existing = _nearest_existing(path)  # the job creates the rest of the path
+        _check_ssd_parent(ssd_dir, path)
+        existing = _nearest_existing(path)  # the default's parents may be made
         if not os.access(existing, os.W_OK | os.X_OK):
             why = "a read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "no write permission"
             raise UsageError(f"--ssd-dir {ssd_dir} cannot be written ({why} at {existing}): "
@@ -70,6 +71,19 @@ def _check_ssd_dirs(ssd_dirs: list[str], plans: list[Plan]) -> None:
             raise UsageError(f"--ssd-dir {ssd_dir} has {format_bytes(free_bytes)} free, but the plan keeps up to "
                              f"{format_bytes(need_bytes)} of swap files there: free space, add an --ssd-dir on "
                              "another SSD, or re-plan with fewer SSD bytes (a larger --host-mem or --gpu-mem)")
+
+
+def _check_ssd_parent(ssd_dir: str, path: Path) -> None:
+    """The run makes an --ssd-dir's last folder, not its parents: a mistyped path or an SSD not
+    mounted would otherwise put the swap files on whatever disk holds the nearest folder that
+    exists (the root disk), unsaid. The default folder (in the temp dir) is made whole."""
+    parent = path.absolute().parent
+    if path.exists() or parent.is_dir() or path.absolute() == DEFAULT_SWAP_DIR.absolute():
+        return
+    if parent.exists():
+        raise UsageError(f"--ssd-dir {ssd_dir}: {parent} is a file, not a folder: give a folder on the SSD")
+    raise UsageError(f"--ssd-dir {ssd_dir}: its folder {parent} does not exist (a typo, or an SSD not mounted?): "
+                     "give a folder on the SSD, or create its parent first")
 
 
 def _ssd_bytes_per_dir(plan: Plan, num_dirs: int) -> int:

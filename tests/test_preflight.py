@@ -69,6 +69,16 @@ def test_read_only_ssd_dir(job, mounted):
     assert "cannot be written" in line and str(ssd) in line
 
 
+def test_ssd_dir_under_a_missing_folder_is_refused_not_made(job):
+    """A mistyped path or an SSD not mounted: the swap files went to the root disk, unsaid."""
+    line = refused(run_job(job, "--ssd-dir", job / "nvme9" / "tio"), 2, job)
+    assert f"{job / 'nvme9'} does not exist" in line and "not mounted" in line
+    assert not (job / "nvme9").exists()
+    (job / "afile").write_text("")
+    line = refused(run_job(job, "--ssd-dir", job / "afile" / "tio"), 2, job)
+    assert "is a file" in line
+
+
 def test_ssd_dir_without_room_for_the_plan(job, mounted):
     ssd = mounted("size=64k")
     line = refused(run_job(job, "--ssd-dir", ssd), 2, job)
