@@ -65,6 +65,15 @@ gives the buffer's element count as its shape, the guard's signatures its rank a
 size, and it never moves (kind `other`, pinned): its size and offset metadata are host
 tensors that the walk never sees, and it lives within one pass of inference.
 
+Note [Tensors from other processes]
+A tensor a DataLoader worker sends is rebuilt in the job's process by unpickling it, with
+ATen ops on the CPU (`empty` then `set_` per tensor: torch.multiprocessing.reductions), when
+its batch arrives. Batches arrive when the workers are done, ahead of their turn and out of
+order, so those ops fall in a step by timing: the profile of one job saw 85 to 97 ops per
+step, could not find two alike, and its run paused the plan at random. The walk sees none of
+them (the rebuilds run with the dispatch modes off: `hide_rebuilds`); a rebuilt tensor is met
+as an input of the job's first op that uses it, at the same kernel in every run.
+
 Note [Iteration boundary]
 A step ends when an optimizer step finishes (the global step post-hook), so an unmodified
 script needs nothing; loops without a torch optimizer call `teraio_step()`. An iteration is
@@ -95,6 +104,7 @@ chunking depends only on tensor sizes), and a plan can bring one chunk's states 
 previous chunk runs.
 """
 
+import functools
 import itertools
 import operator
 import sys
@@ -975,6 +985,31 @@ def teraio_step() -> None:
     walk = _active_walk()
     if walk is not None:
         walk.end_step()
+
+
+# Note [Tensors from other processes]: what unpickling calls to rebuild a sent tensor
+REBUILDS = ("rebuild_tensor", "rebuild_cuda_tensor", "rebuild_nested_tensor", "rebuild_sparse_coo_tensor",
+            "rebuild_sparse_compressed_tensor")
+
+
+def hide_rebuilds() -> None:
+    """Rebuild tensors sent by other processes with no dispatch mode on (Note [Tensors from
+    other processes]); once per process, after torch is imported, in the profile and the run."""
+    from torch.multiprocessing import reductions
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    for name in REBUILDS:
+        rebuild = getattr(reductions, name, None)
+        if rebuild is None or getattr(rebuild, "__teraio_unwalked__", False):
+            continue
+
+        @functools.wraps(rebuild)
+        def unwalked(*args, _rebuild=rebuild, **kwargs):
+            with _disable_current_modes():
+                return _rebuild(*args, **kwargs)
+
+        unwalked.__teraio_unwalked__ = True
+        setattr(reductions, name, unwalked)
 
 
 _ACTIVE: list[OpWalk] = []

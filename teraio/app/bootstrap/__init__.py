@@ -120,5 +120,8 @@ def arm() -> None:
     from teraio.app.bootstrap.trigger import StartOnFirstOp
 
     compile_guard.install(settings.strict)
+    from teraio.walk import hide_rebuilds
+
+    hide_rebuilds()   # Note [Tensors from other processes] in teraio/walk.py
     StartOnFirstOp(settings, threading.get_ident()).push()
     gc.freeze()  # Note [Imports out of the collector]
