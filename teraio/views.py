@@ -61,7 +61,9 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         since = _paused_to_the_end(r)
         resumed = "and resumed at the next" if since is None else \
             (f"[yellow]and never resumed from iteration {since} on[/]: if the job changed there (a layer unfrozen, "
-             "a new phase), profile it past that point and plan again")
+             "a new phase), profile it past that point and plan again; if its ops follow its data (a depth or a "
+             "branch chosen per batch), iterations unlike the traced one run unplanned, exact and within the "
+             "budget where it can be kept")
         out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
                   f"saving, another batch shape) {resumed}; first: {r.pause_reason}")
 

@@ -39,6 +39,24 @@ def test_wrong_kind_of_file_is_named(tmp_path):
         load_trace(tmp_path / "plan.json")
 
 
+def test_a_truncated_or_damaged_trace_is_called_so_not_foreign(tmp_path):
+    data = (TRACES / "cpu-tiny.msgpack").read_bytes()
+    (tmp_path / "cut.msgpack").write_bytes(data[:-1])
+    with pytest.raises(FileFormatError, match="is damaged or truncated"):
+        load_trace(tmp_path / "cut.msgpack")
+    (tmp_path / "foreign.msgpack").write_bytes(b"\x93\x01\x02\x03")
+    with pytest.raises(FileFormatError, match="is not a TeraIO file"):
+        load_trace(tmp_path / "foreign.msgpack")
+
+
+def test_a_trace_with_impossible_values_is_refused(tmp_path):
+    trace = load_trace(TRACES / "cpu-tiny.msgpack")
+    trace.duration_us[3] = float("nan")
+    save_trace(trace_to_file(trace), tmp_path / "nan.msgpack")
+    with pytest.raises(FileFormatError, match="kernel time is not a finite number"):
+        load_trace(tmp_path / "nan.msgpack")
+
+
 @pytest.mark.parametrize("text,nbytes", [("40GiB", 40 * 2**30), ("40GB", 40 * 10**9), ("512", 512),
                                          ("1.5 MiB", 3 * 2**19)])
 def test_sizes(text, nbytes):

@@ -48,6 +48,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+HEADER_PROBE_BYTES = 512   # a header's format name ("teraio-trace") lies within its first bytes
+
+
 def read_raw(path: str | Path) -> dict:
     """The decoded top-level object of any TeraIO file (msgpack or JSON), unvalidated."""
     path = Path(path)
@@ -60,6 +63,9 @@ def read_raw(path: str | Path) -> dict:
     except OSError as err:
         raise FileFormatError(f"cannot read {path}: {err.strerror}") from None
     obj = _decode(data)
+    if obj is None and b"teraio-" in data[:HEADER_PROBE_BYTES]:  # the header's format name, near the start
+        raise FileFormatError(f"{path} is damaged or truncated (it does not decode past its header): "
+                              "regenerate it, or copy it again if it was copied")
     if not isinstance(obj, dict) or not isinstance(obj.get("header"), dict):
         raise FileFormatError(
             f"{path} is not a TeraIO file (no header): give a file written by teraio profile, plan or run"

@@ -270,6 +270,10 @@ def _check_shapes(trace: Trace, num_k: int, num_t: int) -> None:
         raise ValueError("a tensor use points outside the kernel list")
     if len(trace.kernel_op) and (trace.kernel_op.min() < 0 or trace.kernel_op.max() >= len(trace.op_names)):
         raise ValueError("a kernel op points outside op_names")
+    if not np.all(np.isfinite(trace.duration_us)) or (len(trace.duration_us) and trace.duration_us.min() < 0):
+        raise ValueError("a kernel time is not a finite number of microseconds >= 0")
+    if len(trace.nbytes) and trace.nbytes.min() < 0:
+        raise ValueError("a tensor has a negative size")
 
 
 def trace_to_file(trace: Trace) -> TraceFile:
