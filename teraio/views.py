@@ -48,6 +48,8 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     _print_replays(r, out)
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
     out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
+    if r.compiled_regions:
+        out.print(f"  [yellow]torch.compile: {r.compiled_regions} compiled region(s) ran eager[/] (eager numerics)")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
               f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
     if r.refused_actions_by_reason:

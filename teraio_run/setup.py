@@ -65,6 +65,9 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path) -> tuple[RunAge
     budget = plan.header.inputs.budget_bytes
     if cuda:
         cap_device_memory(settings.gpu_mem_bytes or budget)
+    elif settings.gpu_mem_bytes and settings.gpu_mem_bytes != budget:
+        print(f"teraio: --gpu-mem caps CUDA memory; on the {device_type} the plan's budget of {format_bytes(budget)} "
+              "holds (plan again with --gpu-mem to rehearse another)", file=sys.stderr)
     # The pool is what the user allowed (--host-mem), not just what the plan uses: unplanned
     # stretches (iteration 0, drift) evict into it at PCIe speed instead of SSD speed.
     inputs = plan.header.inputs

@@ -102,6 +102,7 @@ def test_torch_compile_is_said_once_and_counted(compiled, tmp_path):
         assert "torch.compile(Sequential)" in said[0] and "TorchDispatchMode" in said[0]
         assert "eager numerics" in said[0]
     assert load_report(tmp_path / "run.json").compiled_regions == 2
+    assert "torch.compile: 2 compiled region(s) ran eager" in " ".join(proc.stderr.split())   # the summary says so
 
 
 def test_torch_compile_fails_the_job_with_strict(compiled, tmp_path):
