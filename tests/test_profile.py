@@ -116,7 +116,7 @@ def test_unwritable_output_folder(tmp_path):
 
 def test_inspect_rejects_truncated_foreign_and_future_files(trace_path, tmp_path):
     (tmp_path / "cut.msgpack").write_bytes(trace_path.read_bytes()[:1000])
-    assert "not a TeraIO file" in one_line_error(teraio("inspect", "cut.msgpack", cwd=tmp_path), 3)
+    assert "is damaged or truncated" in one_line_error(teraio("inspect", "cut.msgpack", cwd=tmp_path), 3)
     (tmp_path / "x.json").write_text('{"header": {"format": "other"}}')
     assert "not a TeraIO file" in one_line_error(teraio("inspect", "x.json", cwd=tmp_path), 3)
     import msgpack
