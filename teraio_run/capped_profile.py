@@ -93,7 +93,16 @@ class CappedProfile:
         return (f"profiled under a {format_bytes(self.cap_bytes)} cap: {stats.evictions} evictions, "
                 f"{format_bytes(stats.offloaded_bytes['host'])} to the host pool "
                 f"({format_bytes(self.host_pool_bytes)}), {format_bytes(stats.offloaded_bytes['ssd'])} to swap files, "
-                f"{sum(stats.stall_ms.values()) / 1e3:.1f} s waiting for memory")
+                f"{sum(stats.stall_ms.values()) / 1e3:.1f} s waiting for memory{self._over_cap()}")
+
+    def _over_cap(self) -> str:
+        """Said when the cap could not be held: some kernel's own tensors needed more (the trace
+        still records the job uncapped; `teraio plan` names the least budget any plan needs)."""
+        peak = self.keeper.peak_bytes
+        if peak <= self.cap_bytes:
+            return ""
+        return (f"; the cap could not be held (up to {format_bytes(peak)} on the device: a kernel's own tensors "
+                "need more), so this profile rehearsed no smaller device: raise --gpu-mem to rehearse one")
 
     def close(self) -> None:
         self.context.threads.shutdown(wait=True)

@@ -78,3 +78,12 @@ def test_the_job_trains_exactly_while_profiled_under_a_cap(tmp_path, copies):
 def test_pool_options_without_a_cap_are_refused_with_one_line(tmp_path):
     proc = teraio("profile", "--host-mem", "1GiB", "--", PYTHON, *JOBS["example"], cwd=tmp_path)
     assert "give --gpu-mem too" in one_line_error(proc, 2)
+
+
+def test_a_cap_no_kernel_fits_under_is_said_not_claimed(tmp_path):
+    """At a cap below one kernel's own tensors the keeper cannot hold it; the profile said it
+    had profiled under that cap all the same."""
+    proc = ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--gpu-mem", "10KiB", "--host-mem", "64MiB",
+                     "--ssd-dir", tmp_path / "ssd", "--", PYTHON, *JOBS["example"], cwd=tmp_path))
+    said = " ".join(proc.stderr.split())
+    assert "profiled under a 10 KiB cap" in said and "the cap could not be held" in said
