@@ -35,7 +35,8 @@ def format_bytes(nbytes: float) -> str:
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+            # 100 and up as a whole number: 3 significant digits of 1000-1023 would print "1e+03"
+            return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 100 else f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 

@@ -6,7 +6,7 @@ from teraio.errors import FileFormatError, UsageError
 from teraio.formats.common import atomic_write_bytes
 from teraio.formats.schema_gen import SCHEMA_DIR, render_schemas
 from teraio.formats.trace import load_trace, save_trace, trace_to_file
-from teraio.units import parse_size
+from teraio.units import format_bytes, parse_size
 
 TRACES = SCHEMA_DIR.parent / "traces"
 
@@ -67,3 +67,9 @@ def test_sizes(text, nbytes):
 def test_bad_sizes_say_how_to_write_one(text):
     with pytest.raises(UsageError):
         parse_size(text)
+
+
+@pytest.mark.parametrize("nbytes,text", [(1000 * 2**20, "1000 MiB"), (1023 * 2**10, "1023 KiB"),
+                                         (3 * 2**29, "1.5 GiB"), (512, "512 B")])
+def test_sizes_print_without_exponents(nbytes, text):
+    assert format_bytes(nbytes) == text
