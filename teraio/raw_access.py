@@ -82,8 +82,8 @@ def _from_tiers(where: str):
         @functools.wraps(fn)
         def call_reading_tiers(*args, **kwargs):
             saving = getattr(_listener(), "save_from_tiers", None)
-            taken = where == "state_dict" and len(args) <= 2 and kwargs.get("state_dict") is None
-            if taken:  # the same ops in the profile and the run: Note [State dicts outside the walk]
+            if where == "state_dict" and len(args) <= 2 and kwargs.get("state_dict") is None:
+                # the same ops in the profile and the run: Note [State dicts outside the walk]
                 kwargs["state_dict"] = state_dict_outside_walk(args[0])
             # no agent: nothing to do; a capped profile, or a state dict given by position (not
             # ours to replace): everything back, as for the other savers
