@@ -225,6 +225,7 @@ class RunAgent(WalkListener):
         reason = (f"this job's iterations ({which} {digest}, {num_kernels} kernels) do not match the plan's "
                   f"trace ({self.digest}, {ref.num_kernels} kernels): re-profile and re-plan this job")
         if self.strict:
+            self.guard_trips, self.guard_reason = self.guard_trips + 1, reason   # in the report written at exit
             stop_job(PlanMismatchError(reason))
         self._trip(reason)
 
