@@ -10,12 +10,18 @@ from teraio.units import format_bytes, format_ms
 def print_report(report: RunReport, out: Console, title: str) -> None:
     r = report
     over = "[red]over budget[/]" if r.budget_bytes and r.peak_device_bytes > r.budget_bytes else "within budget"
-    stray = f", {r.steps_without_backward} step(s) that trained nothing apart" if r.steps_without_backward else ""
+    stray = (f", and {r.steps_without_backward} optimizer step(s) with no backward before them, not counted "
+             "as iterations" if r.steps_without_backward else "")
     out.print(f"[bold]{title}[/]: {r.iterations} iterations ({r.iterations_on_plan} on plan){stray}, "
               f"I/O {r.io_backend}")
     out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured vs "
               f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
+    if r.budget_bytes and r.peak_device_bytes > r.budget_bytes:
+        out.print("  [red]the budget keeper could not hold the budget[/]: an op's own tensors, with those that "
+                  "never move (kind other, pinned, refused), needed more, most often in an iteration larger than "
+                  "the profiled one (a longer batch, another path); plan with a larger --gpu-mem, or profile the "
+                  "job's largest iteration")
     table = Table("tier", "offloaded", "written", "prefetched", title_justify="left")
     for tier in sorted(r.offloaded_bytes):
         written = format_bytes(r.written_bytes[tier]) if tier in r.written_bytes else "–"
