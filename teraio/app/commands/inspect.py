@@ -158,9 +158,14 @@ def _iteration_table(rows, head: int = 3, tail: int = 9) -> Table:
         table.add_row(str(row.iteration), plan,
                       *(f"{v:.0f}" for v in (row.ms, row.stall_ms)), str(row.evictions),
                       *(f"{v:.0f}" for v in (row.walk_ms, row.op_launch_ms, row.copy_busy_ms)),
-                      *(f"{n / unit_bytes:.2f}" for n in (row.offloaded_bytes, row.other_tier_bytes,
-                                                         row.host_pool_peak_bytes)))
+                      *(_size_cell(n / unit_bytes) for n in (row.offloaded_bytes, row.other_tier_bytes,
+                                                            row.host_pool_peak_bytes)))
     return table
+
+
+def _size_cell(value: float) -> str:
+    """Three significant digits at most, no exponent: 80 columns cut "102.35" to "102.…"."""
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
 def _size_unit(largest_bytes: int) -> tuple[str, int]:
