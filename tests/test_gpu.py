@@ -206,3 +206,19 @@ def test_a_model_built_on_the_cpu_and_moved_to_the_gpu_is_traced_whole(tmp_path)
     kinds = {Kind(k).name for k in trace.kind}
     assert {"parameter", "gradient", "optimizer_state", "activation"} <= kinds, kinds
     assert {"addmm", "gelu"} <= {trace.op_names[i] for i in trace.kernel_op}
+
+
+def test_batches_from_dataloader_workers_follow_the_plan_on_cuda(tmp_path):
+    """Note [Tensors from other processes] in teraio/walk.py: the CPU ops that rebuild a
+    worker's batch are the job thread's on CUDA too; their count per step went by timing."""
+    client = [sys.executable, CLIENTS / "loader_workers.py", "--device", "cuda", "--steps", "12"]
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    run("-m", "teraio", "profile", "-o", tmp_path / "t.msgpack", "--", *client, "--out", tmp_path / "p.json",
+        cwd=tmp_path, env=env)
+    trace = load_trace(tmp_path / "t.msgpack")
+    save_plan(every_period_plan(trace, int(live_bytes_per_kernel(trace).max()) // 2), tmp_path / "plan.json")
+    run("-m", "teraio", "run", "--plan", tmp_path / "plan.json", "--ssd-dir", tmp_path / "ssd", "--report",
+        tmp_path / "run.json", "--", *client, "--out", tmp_path / "run.json.losses", cwd=tmp_path, env=env)
+    report = load_report(tmp_path / "run.json")
+    assert report.guard_trips == 0 and report.plan_pauses == 0
+    assert report.iterations_on_plan == report.iterations - 2
