@@ -14,6 +14,7 @@ know. Running compiled code under a plan is a later step.
 
 import functools
 import sys
+import warnings
 
 import torch
 
@@ -23,11 +24,21 @@ _compiled: list[str] = []      # what this process compiled, in order: "torch.co
 _state = {"strict": False, "said": False, "inner": False}
 
 
+# What PyTorch warns of because of TeraIO's own machinery, not the job's: the walk's global
+# module hooks (they fire for the OptimizedModule too, in pairs: the walk's scopes stay whole),
+# and Dynamo meeting the walk's own switch of the frame hook (Note [Dynamo off in the walk] in
+# teraio/walk.py). Said once by us instead (_say_if_eager); the job's other warnings stay.
+OUR_WARNINGS = (r"Using `torch\.compile\(module\)` when there are global hooks on modules",
+                r"Dynamo does not know how to trace the builtin `torch\._C\._dynamo\.eval_frame\.set_eval_frame")
+
+
 def install(strict: bool) -> None:
     """Wrap torch.compile and nn.Module.compile (they stay what they were, plus a note)."""
     _state["strict"] = strict
     torch.compile = _noting_compile(torch.compile)
     torch.nn.Module.compile = _noting_module_compile(torch.nn.Module.compile)
+    for message in OUR_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
 def count() -> int:
