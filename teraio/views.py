@@ -58,6 +58,10 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         out.print(f"  [yellow]torch.compile: {r.compiled_regions} compiled region(s) ran eager[/] (eager numerics)")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
               f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
+    missing = sum(row.plan_ids_missing for row in r.per_iteration)
+    if missing:
+        out.print(f"  [yellow]{missing} plan actions found no tensor of their name[/] (a tensor the job replaced "
+                  "where neither its model nor its optimizer shows it): those tensors stayed where they were")
     if r.refused_actions_by_reason:
         why = ", ".join(f"{reason} {count}" for reason, count in r.refused_actions_by_reason.items())
         out.print(f"  [yellow]{sum(r.refused_actions_by_reason.values())} plan offloads refused[/] ({why}): those "

@@ -699,6 +699,8 @@ class OpWalk(TorchDispatchMode):
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     name = self.owners.param_name(param)
+                    if name is not None and type(param) in _PLAIN_TENSORS and param.untyped_storage()._cdata not in by_key:
+                        self._own(param, name, Kind.parameter)  # re-bound (`param.data = ...`): its new storage
                     if name is not None and param.grad is not None:
                         self._own(param.grad, f"{name}.grad", Kind.gradient)
                     self._own_state(param, optimizer.state.get(param, {}))

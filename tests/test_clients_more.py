@@ -128,3 +128,13 @@ def test_batches_from_dataloader_workers_follow_the_plan_every_iteration(tmp_pat
     assert report.guard_trips == 0 and report.plan_pauses == 0
     assert report.iterations_on_plan == report.iterations - 2   # all but the two it learns from
     assert report.peak_device_bytes <= report.budget_bytes
+
+
+def test_a_parameter_re_bound_with_data_keeps_moving(tmp_path):
+    """`param.data = ...` gives the parameter a new storage: the walk names it again at the next
+    optimizer step, so the plan's entries find it (before: never moved again, unsaid)."""
+    _, report, planned, plain = train_both_ways(tmp_path, "rebind_data.py")
+    assert planned == plain
+    assert all(row.plan_ids_missing == 0 for row in report.per_iteration)
+    followed = [row.planned_offloads for row in report.per_iteration if row.followed_plan]
+    assert len(followed) >= 5 and len(set(followed)) == 1   # as many after the re-binding as before
