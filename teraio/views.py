@@ -18,10 +18,12 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
               f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
     if r.budget_bytes and r.peak_device_bytes > r.budget_bytes:
+        refused = sum(r.refused_actions_by_reason.values())
+        why = (f"here {refused} plan offloads were refused (below)" if refused else
+               "most often in an iteration larger than the profiled one (a longer batch, another path)")
         out.print("  [red]the budget keeper could not hold the budget[/]: an op's own tensors, with those that "
-                  "never move (kind other, pinned, refused), needed more, most often in an iteration larger than "
-                  "the profiled one (a longer batch, another path); plan with a larger --gpu-mem, or profile the "
-                  "job's largest iteration")
+                  f"never move (kind other, pinned, refused), needed more; {why}: plan with a larger --gpu-mem, "
+                  "or profile the job's largest iteration")
     table = Table("tier", "offloaded", "written", "prefetched", title_justify="left")
     for tier in sorted(r.offloaded_bytes):
         written = format_bytes(r.written_bytes[tier]) if tier in r.written_bytes else "–"

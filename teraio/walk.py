@@ -563,6 +563,9 @@ class OpWalk(TorchDispatchMode):
         self.in_optimizer = False
         self.backward_ran = False   # a gradient was accumulated since the flag was last reset (teraio_run/metrics.py)
         self._step_scope_depth, self._step_graph_task = 0, -1  # Note [Steps with a closure]
+        # optimizer steps run from inside a backward pass (an optimizer per parameter stepped from
+        # gradient hooks), by graph task: the profiler's hint for --steps-per-iteration
+        self.steps_in_backward: dict[int, int] = {}
         # id(optimizer) -> (state entries, tensors in the newest) at the last look
         self._state_marks: dict[int, tuple[int, int]] = {}
         self._handles = []
@@ -656,6 +659,10 @@ class OpWalk(TorchDispatchMode):
         self.refresh_owners()
         self.in_optimizer = True
         self._step_scope_depth, self._step_graph_task = len(self.scope), _graph_task_id()
+        if self._step_graph_task != -1:
+            if len(self.steps_in_backward) > 8:  # the last few backward passes are enough
+                self.steps_in_backward.clear()
+            self.steps_in_backward[self._step_graph_task] = self.steps_in_backward.get(self._step_graph_task, 0) + 1
 
     def _optimizer_exit(self, optimizer, args, kwargs):
         self.in_optimizer = False

@@ -120,13 +120,22 @@ class ProfileAgent(WalkListener):
                     deactivate(self.walk)
                 raise SystemExit(0)  # the profile is complete: end the script cleanly
 
+    def steps_in_backward_hint(self) -> str:
+        """When the job steps optimizers from inside its backward (one per parameter, from
+        gradient hooks), an iteration is that many steps, more than the profiler looks for."""
+        steps = max(self.walk.steps_in_backward.values(), default=0)
+        if steps <= self.recorder.steps_per_iteration:
+            return ""
+        return (f"; the job steps {steps} optimizers inside each backward pass (an optimizer per parameter?): "
+                f"profile with --steps-per-iteration {steps}")
+
     def write(self) -> str:
         rec = self.recorder
         if not rec.steady():
             lengths = ", ".join(str(len(sig)) for sig in rec.signatures)
             print(f"teraio: warning: profiled iterations ran different op sequences ({lengths} ops); the "
                   "trace keeps the one most iterations ran, timed over those that ran it (use more "
-                  "--warmup if the job settles later)", file=sys.stderr)
+                  f"--warmup if the job settles later){self.steps_in_backward_hint()}", file=sys.stderr)
         if rec.choice:
             print(f"teraio: {rec.choice}", file=sys.stderr)
         if self.keeper is not None:
@@ -206,7 +215,7 @@ class ProfileAgent(WalkListener):
         p = walk.steps_per_iteration
         needed = rec.needed_iterations
         status = {"iterations": walk.steps // p, "steps": walk.steps, "steps_per_iteration": p, "trace": self.written,
-                  "rank": self.settings.rank, "needed": needed}
+                  "rank": self.settings.rank, "needed": needed, "hint": self.steps_in_backward_hint()}
         path.write_text(json.dumps(status | ({"error": error} if error else {})))
         return True
 

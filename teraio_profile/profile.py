@@ -107,6 +107,7 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
     per_iteration = max((s.get("steps_per_iteration", 1) for s in statuses), default=1)
     cycle = (f" (its ops repeat every {per_iteration} optimizer steps, so an iteration is {per_iteration} steps: "
              f"it ran {steps} steps; --steps-per-iteration 1 profiles each step on its own)") if per_iteration > 1 else ""
+    hint = next((s["hint"] for s in statuses if s.get("hint")), "")  # optimizers stepped inside backward
     raise ScriptError(f"{script} finished after {iterations} iteration(s){cycle}, but the profile needs at least "
                       f"{needed} (warm-up + profiled, plus the iterations until two in a row run the same ops): "
-                      "train for more steps or lower --warmup/--iterations")
+                      f"train for more steps or lower --warmup/--iterations{hint}")

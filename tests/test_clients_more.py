@@ -13,7 +13,7 @@ import json
 import pytest
 
 from teraio.formats.plan import save_plan
-from teraio.formats.trace import live_bytes_per_kernel, load_trace
+from teraio.formats.trace import Kind, live_bytes_per_kernel, load_trace
 from teraio_plan.memory import kernel_need_bytes, min_required_bytes
 from cli_helpers import PYTHON, ok, teraio
 from runtime_helpers import every_period_plan
@@ -138,3 +138,16 @@ def test_a_parameter_re_bound_with_data_keeps_moving(tmp_path):
     assert all(row.plan_ids_missing == 0 for row in report.per_iteration)
     followed = [row.planned_offloads for row in report.per_iteration if row.followed_plan]
     assert len(followed) >= 5 and len(set(followed)) == 1   # as many after the re-binding as before
+
+
+def test_optimizers_stepped_inside_backward_are_named_with_the_flag_to_give(tmp_path):
+    """One optimizer per parameter, stepped from gradient hooks: six steps per iteration, more
+    than the profiler's cycle search; it said only to warm up longer."""
+    proc = ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "optimizer_in_backward.py",
+                     "--out", tmp_path / "p.json", cwd=tmp_path))
+    assert "steps 6 optimizers inside each backward pass" in proc.stderr
+    assert "--steps-per-iteration 6" in proc.stderr
+    proc = ok(teraio("profile", "--steps-per-iteration", 6, "-o", tmp_path / "t6.msgpack", "--", PYTHON,
+                     CLIENTS / "optimizer_in_backward.py", "--out", tmp_path / "p6.json", cwd=tmp_path))
+    assert "different op sequences" not in proc.stderr
+    assert {"parameter", "gradient", "optimizer_state"} <= {Kind(k).name for k in load_trace(tmp_path / "t6.msgpack").kind}
