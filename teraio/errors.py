@@ -56,6 +56,9 @@ def stop_job(error: TeraioError):
     """--strict, inside the job's process: say the error in one line and exit with its code.
     Raised as an exception, it would surface from inside the job's own calls (an optimizer
     step's hook, a torch.compile, the first op) with the job's whole stack printed above it;
-    SystemExit unwinds the same way (atexit writes the report) but prints nothing."""
+    SystemExit unwinds the same way (atexit writes the report) but prints nothing, and no
+    `except Exception` of the job's swallows it. (An error after which training cannot go on
+    exactly, teraio_run/stops.py, stays an exception instead: the job's own handlers may save
+    what they can, and a hook prints it in one line at the top.)"""
     print(f"teraio: error: {error}; stopping the job (--strict)", file=sys.stderr, flush=True)
     raise SystemExit(error.exit_code)
