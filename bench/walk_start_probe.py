@@ -8,15 +8,24 @@ thread's dispatch keys for Python modes are on. Needs a GPU.
 """
 
 import sys
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
 from teraio.walk import _active_walk
-K = torch._C.DispatchKey
-def show(where):
-    w = _active_walk()
-    inc = [k for k in ("Python", "PythonTLSSnapshot", "PreDispatch") if torch._C._dispatch_tls_is_dispatch_key_included(getattr(K, k))]
-    exc = [k for k in ("Python", "PythonTLSSnapshot", "PreDispatch") if torch._C._dispatch_tls_is_dispatch_key_excluded(getattr(K, k))]
-    print(where, None if w is None else (w.kernel, w.iteration), [type(m).__name__ for m in _get_current_dispatch_mode_stack()], "inc", inc, "exc", exc, flush=True)
+
+KEYS = ("Python", "PythonTLSSnapshot", "PreDispatch")
+
+
+def show(where: str) -> None:
+    walk = _active_walk()
+    included = [k for k in KEYS if torch._C._dispatch_tls_is_dispatch_key_included(getattr(torch._C.DispatchKey, k))]
+    excluded = [k for k in KEYS if torch._C._dispatch_tls_is_dispatch_key_excluded(getattr(torch._C.DispatchKey, k))]
+    stack = [type(m).__name__ for m in _get_current_dispatch_mode_stack()]
+    counts = None if walk is None else (walk.kernel, walk.iteration)
+    print(where, counts, stack, "inc", included, "exc", excluded, flush=True)
+
+
 variant = sys.argv[1]
 show("start")
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).to("cuda")
@@ -33,5 +42,6 @@ for step in range(6):
     y = model(x)
     show(f"after forward {step}")
     y.sum().backward()
-    opt.step(); opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
     show(f"after step {step}")

@@ -706,11 +706,17 @@ class OpWalk(TorchDispatchMode):
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     name = self.owners.param_name(param)
-                    if name is not None and type(param) in _PLAIN_TENSORS and param.untyped_storage()._cdata not in by_key:
-                        self._own(param, name, Kind.parameter)  # re-bound (`param.data = ...`): its new storage
-                    if name is not None and param.grad is not None:
-                        self._own(param.grad, f"{name}.grad", Kind.gradient)
+                    if name is not None:
+                        self._own_if_rebound(param, name)
+                        if param.grad is not None:
+                            self._own(param.grad, f"{name}.grad", Kind.gradient)
                     self._own_state(param, optimizer.state.get(param, {}))
+
+    def _own_if_rebound(self, param, name: str) -> None:
+        """A parameter re-bound with `param.data = ...` has a new storage nobody owns yet: name it,
+        or the plan's entries for the parameter find nothing from then on."""
+        if type(param) in _PLAIN_TENSORS and param.untyped_storage()._cdata not in self.owners.by_key:
+            self._own(param, name, Kind.parameter)
 
     def _own_state(self, param, state) -> None:
         name = self.owners.param_name(param)
