@@ -56,6 +56,8 @@ def trace_stats(trace: Trace) -> dict:
         "tensors_by_kind": kinds,
         "gradients_stay_on_device": h.gradients_stay_on_device,
         "active_fraction_mean": round(float(np.mean(active / np.maximum(live, 1))), 5) if len(live) else 0.0,
+        # Note [The largest op of the profile] in teraio_profile/recorder.py; None in older traces
+        "largest_op": h.largest_op.model_dump() if h.largest_op is not None else None,
     }
 
 

@@ -7,7 +7,7 @@ from teraio import __version__
 from teraio.errors import PlanError, UsageError
 from teraio.formats.common import Producer
 from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
-from teraio.formats.trace import Trace
+from teraio.formats.trace import LargestOp, Trace
 from teraio.units import format_bytes
 from teraio_plan import recompute
 from teraio_plan.clean import mark_clean
@@ -80,8 +80,13 @@ def _check_counts(num_ssds: int, host_mem_bytes: int, headroom_bytes: int, laten
 
 
 def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
-    """PlanError when one kernel's working set cannot fit the budget, planned or not."""
+    """PlanError when one kernel's working set cannot fit the budget, planned or not: the
+    traced iteration's, or the largest op of any iteration the profile watched (Note [The
+    largest op of the profile] in teraio_profile/recorder.py)."""
     need, k = kernel_need_bytes(trace, inputs.headroom_bytes)
+    largest = trace.header.largest_op
+    if largest is not None and largest.nbytes + inputs.headroom_bytes > max(need, inputs.budget_bytes):
+        raise PlanError(_watched_op_too_large(largest, largest.nbytes + inputs.headroom_bytes, need, inputs))
     if inputs.budget_bytes < need:
         op = trace.op_name(k) if trace.num_kernels else "-"
         floor, _ = min_required_bytes(trace, inputs.headroom_bytes)
@@ -90,6 +95,15 @@ def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
             f"on the device with what can never move, but the budget is "
             f"{format_bytes(inputs.budget_bytes)}: give --gpu-mem of at least {need} (the job runs, evicting "
             f"on demand), or at least {floor} ({format_bytes(floor)}) for a plan that fits")
+
+
+def _watched_op_too_large(largest: LargestOp, need: int, traced_need: int, inputs: PlannerInputs) -> str:
+    how = ("with the traced iteration's ops at larger sizes" if largest.traced_structure else
+           "whose ops are not the traced iteration's (a depth or branch chosen per batch, an evaluation?)")
+    return (f"no plan can work in every iteration: iteration {largest.iteration} of the profiled job, {how}, ran "
+            f"{largest.op} (its kernel {largest.kernel}), whose own tensors need {format_bytes(need)} ({need} bytes) "
+            f"on the device at once, but the budget is {format_bytes(inputs.budget_bytes)}: give --gpu-mem of at "
+            f"least {need} (the traced iteration alone needs {traced_need})")
 
 
 def make_plan_outcome(trace: Trace, inputs: PlannerInputs,

@@ -164,7 +164,7 @@ class ProfileAgent(WalkListener):
             kernel_time_scale=round(rec.time_scale, 4),
             gradients_stay_on_device=self.walk.wrapped_in_ddp(),
             timing="cuda_events" if self.device_type == "cuda" else "monotonic_clock",
-            profiled_under_cap=self._cap(),
+            profiled_under_cap=self._cap(), largest_op=rec.largest_op(),
         )
 
     def _cap(self) -> ProfileCap | None:

@@ -55,6 +55,30 @@ with an even period shows only every other phase: if a larger one was missed, th
 still follows the plan there and its budget keeper holds the cap. Random lengths (the usual
 dynamic padding) are sampled fairly; more --iterations compare more candidates. Jobs whose
 shapes do not vary record exactly as before (one window, `iterations` timed).
+
+Note [The largest op of the profile]
+The trace is one iteration, and the planner's floor (teraio_plan/memory.py kernel_need_bytes)
+is that iteration's largest kernel. A job whose ops follow its data (a depth or a branch
+chosen per batch, an evaluation every N steps) runs other iterations that the runtime follows
+unplanned, its budget keeper evicting on demand; but no keeper can evict an op's own tensors
+while it runs. Six layers instead of two make the foreach optimizer step three times the
+size (tests/clients/data_depth.py): a plan for 260 KiB, above the shallow trace's 228 KiB
+floor, ran at up to 292 KiB in the deep iterations, and nothing had said so before the run.
+So every op the profiler watches, in every iteration from the job's first op to the trace
+being written (warm-up, re-recorded and timed ones, candidates not kept), adds up the bytes
+of its distinct input and output storages, as the walk hands them over, and the largest is
+kept with where it ran (header `largest_op`). No run can hold a budget below it, so `teraio
+plan` refuses one in one line that names the iteration and op (teraio_plan/make.py
+check_budget), rather than making a plan that warns: the budget is usually the device the
+job will train on, the deep batch may come hours into the run, and there it would be out of
+memory (or, under a cap, over it) whatever the plan says. No option overrides it, as none
+overrides the traced kernel's floor.
+It is a lower bound: what never moves beside the op (kind other, allocator workspaces) is
+not known outside the recorded iteration, and the untracked bytes cannot be added to it (on
+the CPU they are the storages the recorded iteration left untouched, perhaps this op's own).
+Cost: one add per storage an op touches, a compare per op; 0.2 us per op next to the walk's
+18 or more (docs/profiler.md, Profiling cost). A longer path that the profile never watched
+stays unknown: profile past the batches that take it (--warmup, --iterations).
 """
 
 import gc
@@ -163,6 +187,9 @@ class TraceRecorder(WalkListener):
         self.rescale_kernel_times = True             # Note [Kernel time under the profiler]
         self._paused_gc = False                      # Note [Deaths in reference cycles]
         self.op_waited = False                       # the current op waited for an input to come back
+        # Note [The largest op of the profile]: its own bytes, and (steps before it, ops of its step before it, func)
+        self.largest_op_bytes = 0
+        self.largest_op_at: tuple | None = None
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -211,6 +238,14 @@ class TraceRecorder(WalkListener):
         self._cur_struct.append(structure)
         if not (self.cycle_known or self._backward):
             self._backward = torch._C._current_autograd_node() is not None
+        own_bytes = 0   # Note [The largest op of the profile]; records are distinct, `new` excludes inputs
+        for record in inputs:
+            own_bytes += record.nbytes
+        for record in new:
+            own_bytes += record.nbytes
+        if own_bytes > self.largest_op_bytes:  # where: in steps, as the cycle may not be known yet
+            at = (len(self.step_ops), len(self._cur_sig) - 1 - self._step_start, func)
+            self.largest_op_bytes, self.largest_op_at = own_bytes, at
         if not self.recording:
             return
         if not self.clock.cuda:
@@ -394,6 +429,23 @@ class TraceRecorder(WalkListener):
         self.choice = (f"shapes vary from iteration to iteration: compared {len(self.candidates)} iterations, "
                        f"{len(alike)} with the common op structure; kept iteration {kept['window']}, the largest "
                        f"({kept['peak_bytes'] / 2**20:.1f} MiB traced peak; others {others} MiB)")
+
+    def largest_op(self) -> dict | None:
+        """Note [The largest op of the profile], for the trace header: None when no op touched the device."""
+        if self.largest_op_at is None:
+            return None
+        steps, in_step, func = self.largest_op_at
+        p = self.steps_per_iteration
+        iteration, recorded = steps // p, self.steps_before_window // p
+        return {"nbytes": self.largest_op_bytes, "iteration": iteration,
+                "kernel": sum(self.step_ops[iteration * p:steps]) + in_step, "op": func.overloadpacket.__name__,
+                "traced_structure": self._iteration_structure(iteration) == self._iteration_structure(recorded),
+                "watched_iterations": len(self.step_ops) // p}
+
+    def _iteration_structure(self, iteration: int) -> int:
+        """Hash of the iteration's structural signatures (Note [Shapes that vary]), by its steps."""
+        p = self.steps_per_iteration
+        return hash(tuple(self.step_structures[iteration * p:(iteration + 1) * p]))
 
     # ----- assembling the tables -----------------------------------------------------------
     def steady(self) -> bool:

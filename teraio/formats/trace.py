@@ -66,6 +66,22 @@ class ProfileCap(Strict):
     waited_kernels: int = Field(ge=0)     # kernels of the recorded iteration whose inputs had to come back
 
 
+class LargestOp(Strict):
+    """The op whose own tensors (the distinct storages of its inputs and outputs) held the most
+    bytes among every op the profiler watched, in whichever iteration (Note [The largest op
+    of the profile] in teraio_profile/recorder.py): no run of the job can hold a device
+    budget below them, planned or not."""
+
+    nbytes: int = Field(ge=0)
+    iteration: int = Field(ge=0)      # of the job, from 0 (iteration 0 holds what ran before the first step)
+    kernel: int = Field(ge=0)         # the op's index in that iteration
+    op: str                           # ATen op name
+    # that iteration ran the recorded one's op structure (names, dtypes, ranks): larger
+    # shapes then; otherwise other ops (a depth or branch chosen per batch, an evaluation)
+    traced_structure: bool
+    watched_iterations: int = Field(ge=1)   # iterations the profiler saw whole, 0 .. watched - 1
+
+
 class TraceHeader(Strict):
     format: Literal["teraio-trace"] = TRACE_FORMAT
     schema_version: int = TRACE_SCHEMA_VERSION
@@ -97,6 +113,7 @@ class TraceHeader(Strict):
     structure_digest: str = ""
     compared_iterations: int = Field(1, ge=1)
     profiled_under_cap: ProfileCap | None = None   # None: the job ran uncapped
+    largest_op: LargestOp | None = None   # None in traces written before it existed
 
 
 class KernelTable(Strict):
@@ -209,8 +226,9 @@ def signature_digest(signatures) -> str:
 
 def save_trace(trace_file: TraceFile, path: str | Path) -> None:
     raw = trace_file.model_dump(mode="python")
-    if raw["header"]["profiled_under_cap"] is None:  # absent, as in traces written before it existed
-        del raw["header"]["profiled_under_cap"]
+    for optional in ("profiled_under_cap", "largest_op"):  # absent, as in traces written before they existed
+        if raw["header"][optional] is None:
+            del raw["header"][optional]
     if not raw["tensors"]["use_writes"] and raw["tensors"]["use_kernels"]:  # likewise
         del raw["tensors"]["use_writes"]
     data = msgpack.packb(raw, use_bin_type=True)

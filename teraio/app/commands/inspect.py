@@ -37,17 +37,26 @@ def command(path, as_json):
 
 def _trace_stats(path):
     from teraio.formats.trace import load_trace
-    from teraio.summary import trace_stats
 
-    return trace_stats(load_trace(path))
+    return _figures(load_trace(path))
+
+
+def _figures(trace) -> dict:
+    """trace_stats, with the least device memory the recorded iteration's largest kernel needs
+    (teraio_plan/memory.py kernel_need_bytes: the floor `teraio plan` refuses below)."""
+    from teraio.summary import trace_stats
+    from teraio_plan.memory import kernel_need_bytes
+
+    need, k = kernel_need_bytes(trace, 0)
+    return trace_stats(trace) | {"kernel_need_bytes": need, "kernel_need_at": k}
 
 
 def print_trace_summary(path, out: Console) -> None:
     from teraio.formats.trace import live_bytes_per_kernel, load_trace
-    from teraio.summary import idle_histogram, largest_tensors, sparkline, trace_stats
+    from teraio.summary import idle_histogram, largest_tensors, sparkline
 
     trace = load_trace(path)
-    s = trace_stats(trace)
+    s = _figures(trace)
     device = s["device"]
     out.print(f"[bold]{path}[/]: trace of rank {s['rank']}/{s['world_size']} on {device['name']}, "
               f"{s['num_kernels']} kernels, {s['num_tensors']} tensors")
@@ -57,6 +66,7 @@ def print_trace_summary(path, out: Console) -> None:
     stay = " (DDP: gradients stay on the device, plans do not move them)" if s["gradients_stay_on_device"] else ""
     out.print("  tensors: " + ", ".join(f"{n} {k}" for k, n in s["tensors_by_kind"].items() if n) + stay)
     out.print(f"  memory  [cyan]{sparkline(live_bytes_per_kernel(trace))}[/]")
+    _print_floors(s, out)
     table = Table("idle period", "count", "bytes", title="Idle periods", title_justify="left")
     for label, count, nbytes in idle_histogram(trace):
         table.add_row(label, str(count), format_bytes(nbytes))
@@ -65,6 +75,25 @@ def print_trace_summary(path, out: Console) -> None:
     for row in largest_tensors(trace, 8):
         table.add_row(row["name"], row["kind"], format_bytes(row["nbytes"]), str(row["shape"]), str(row["uses"]))
     out.print(table)
+
+
+def _print_floors(s: dict, out: Console) -> None:
+    """The least budget: the recorded iteration's largest kernel, and the largest op of every
+    iteration the profile watched (Note [The largest op of the profile] in teraio_profile/recorder.py)."""
+    recorded = (f"  least budget: {format_bytes(s['kernel_need_bytes'])} ({s['kernel_need_bytes']} bytes) for the "
+                f"recorded iteration's largest kernel ({s['kernel_need_at']})")
+    largest = s["largest_op"]
+    if largest is None:
+        out.print(recorded + "; the other iterations' ops are not known (a trace written before they were watched)")
+        return
+    watched = f"of the {largest['watched_iterations']} iterations watched"
+    if largest["nbytes"] <= s["kernel_need_bytes"]:
+        out.print(recorded + f", enough for every op {watched}")
+        return
+    how = "the traced ops at larger sizes" if largest["traced_structure"] else "other ops than the recorded iteration's"
+    out.print(recorded + f"; [yellow]iteration {largest['iteration']} ({how}) needs more[/]: its {largest['op']} "
+              f"(kernel {largest['kernel']}) holds {format_bytes(largest['nbytes'])} ({largest['nbytes']} bytes) "
+              f"of its own tensors, the most {watched}: plan with at least that")
 
 
 def _plan_stats(path):
