@@ -116,33 +116,51 @@ class Stats:
 
 class PathMeter:
     """Bytes moved and time busy per path (d2h, h2d, d2s, s2d), for the achieved bandwidth.
-    Stream copies on one path run one after another, so their durations add up; thread
-    copies overlap, so their busy time is the union of their intervals (taken in the order
-    they finish, close enough to the order they start)."""
+    Stream copies on one path run one after another, so their durations add up; only a sample
+    of them is timed (Note [Timing a sample of the copies] in teraio_run/tiers.py), and a
+    path's busy time is its bytes at the timed copies' rate. Thread copies overlap, so their
+    busy time is the union of their intervals (taken in the order they finish, close enough to
+    the order they start)."""
 
     def __init__(self):
         self.nbytes = dict.fromkeys(("d2h", "h2d", "d2s", "s2d"), 0)
-        self.busy_s = dict.fromkeys(self.nbytes, 0.0)
+        self._thread_busy_s = dict.fromkeys(self.nbytes, 0.0)
         self._busy_until = dict.fromkeys(self.nbytes, 0.0)
+        self._timed_nbytes = dict.fromkeys(self.nbytes, 0)     # stream copies that were timed
+        self._timed_s = dict.fromkeys(self.nbytes, 0.0)
+        self._stream_nbytes = dict.fromkeys(self.nbytes, 0)    # every stream copy
 
     def add(self, transfer: Transfer) -> None:
         path = transfer.path
         if path not in self.nbytes:
             return  # a replay (teraio_run/replay.py): no link carried it
+        if transfer.event is not None:  # a stream copy: it cannot fail
+            self.nbytes[path] += transfer.nbytes
+            self._stream_nbytes[path] += transfer.nbytes
+            interval = transfer.interval_s()
+            if interval is not None:
+                self._timed_nbytes[path] += transfer.nbytes
+                self._timed_s[path] += interval[1] - interval[0]
+            return
         interval = transfer.interval_s()
         if interval is None:
             return  # failed: nothing was moved
         start, end = interval
         self.nbytes[path] += transfer.nbytes
-        if transfer.event is not None:
-            self.busy_s[path] += end - start
-        else:
-            self.busy_s[path] += max(0.0, end - max(start, self._busy_until[path]))
-            self._busy_until[path] = max(self._busy_until[path], end)
+        self._thread_busy_s[path] += max(0.0, end - max(start, self._busy_until[path]))
+        self._busy_until[path] = max(self._busy_until[path], end)
+
+    @property
+    def busy_s(self) -> dict[str, float]:
+        busy = dict(self._thread_busy_s)
+        for path, timed in self._timed_nbytes.items():
+            if timed:
+                busy[path] += self._stream_nbytes[path] * self._timed_s[path] / timed
+        return busy
 
     def achieved_gbps(self) -> dict[str, float]:
-        return {path: round(self.nbytes[path] / self.busy_s[path] / 1e9, 3)
-                for path in self.nbytes if self.busy_s[path] > 0}
+        busy = self.busy_s
+        return {path: round(self.nbytes[path] / busy[path] / 1e9, 3) for path in self.nbytes if busy[path] > 0}
 
 
 class MigrationEngine:

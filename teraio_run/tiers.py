@@ -18,6 +18,16 @@ Note [Stream ordering on CUDA]
   compute-stream event before touching device memory, and the engine waits for the future
   before the tensor is used (a real host wait, counted as a stall when not done in time).
 
+Note [Timing a sample of the copies]
+The achieved rate per path (the run report's `achieved_gbps`, what `teraio plan --calibrate`
+takes) needs each copy's duration on its stream, a pair of timing events around it. Timing
+events are dearer than plain ones: on the H200, starting a copy cost 33-35 us of host time with
+the pair and 23 us with one plain event (bench/copy_issue_cost.py, 2026-12-02), on ~2,000 copies
+per iteration of a short-kernel job. So one stream copy in TIMED_COPY_EVERY is timed, the first
+of each path among them, and the meter takes the rate of the timed ones for all (copies of one
+path run one after another on one stream, at about one rate); every copy still ends in an
+event, which `done` and `wait` use.
+
 Note [Failed copies are values]
 A swap file that cannot be written (a full disk, a folder removed) or read back comes back
 from its I/O thread as a `CopyFailed`, never as a raised exception. An exception carries its
@@ -46,6 +56,7 @@ from teraio_run.layout import STRIPE_MIN_BYTES
 
 POOL_ALIGN_BYTES = 512
 INLINE_COPY_MAX_BYTES = 256 * 2**10   # CPU copies up to this size run in the caller's thread
+TIMED_COPY_EVERY = 8                   # Note [Timing a sample of the copies]
 
 
 def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -107,9 +118,10 @@ class Transfer:
         return self.error_when_done() if self.future is not None and self.future.done() else None
 
     def interval_s(self) -> tuple[float, float] | None:
-        """(start, end) of a finished thread copy, or (0, duration) of a stream copy."""
+        """(start, end) of a finished thread copy, or (0, duration) of a timed stream copy;
+        None for an untimed stream copy (Note [Timing a sample of the copies]) or a failed one."""
         if self.event is not None:
-            return 0.0, self.start.elapsed_time(self.event) / 1e3
+            return None if self.start is None else (0.0, self.start.elapsed_time(self.event) / 1e3)
         if self.interval is not None:
             return self.interval
         if self.error() is not None:
@@ -142,21 +154,26 @@ def compute_stream() -> torch.cuda.Stream:
     return torch.cuda.current_stream(torch.cuda.current_device())
 
 
-def _stream_copy(stream, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor):
-    """dst.copy_(src) on `stream` between two timing events; `keep_alive`'s block is not
-    reused by the allocator before the copy has passed (record_stream). The stream is set and
-    restored by hand for the reason in compute_stream."""
-    compute = compute_stream()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _stream_copy(stream, compute, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor, timed: bool):
+    """dst.copy_(src) on `stream` once it has passed the compute stream's work so far, ending
+    in an event (between two timing events when `timed`); `keep_alive`'s block is not reused by
+    the allocator before the copy has passed (record_stream). The stream is set and restored
+    by hand for the reason in compute_stream; the compute stream's event is made here rather
+    than by `wait_stream`, which adds two Python calls."""
+    ready = torch.cuda.Event()
+    ready.record(compute)
+    start, end = torch.cuda.Event(enable_timing=timed), torch.cuda.Event(enable_timing=timed)
     torch.cuda.set_stream(stream)
     try:
-        start.record(stream)
+        stream.wait_event(ready)
+        if timed:
+            start.record(stream)
         dst.copy_(src, non_blocking=True)
         keep_alive.record_stream(stream)
         end.record(stream)
     finally:
         torch.cuda.set_stream(compute)
-    return start, end
+    return (start if timed else None), end
 
 
 def _pin_exactly(buffer: torch.Tensor) -> None:
@@ -309,6 +326,7 @@ class HostTier:
     def __init__(self, pool: HostPool, cuda: bool, threads: ThreadPoolExecutor):
         self.pool, self.cuda, self.threads = pool, cuda, threads
         self.frees_at_once = cuda  # see Note [Stream ordering on CUDA]
+        self._copies = {"d2h": 0, "h2d": 0}   # stream copies started per path
         if cuda:
             self.d2h_stream, self.h2d_stream = torch.cuda.Stream(), torch.cuda.Stream()
 
@@ -338,8 +356,9 @@ class HostTier:
         dst, src = self.pool.slice(slot, nbytes), byte_view(storage)
         if not self.cuda:
             return cpu_copy(self.threads, "d2h", dst, src)
-        self.d2h_stream.wait_stream(compute_stream())  # read finished data
-        start, end = _stream_copy(self.d2h_stream, dst, src, keep_alive=src)
+        # after the compute stream's work so far: it reads finished data
+        start, end = _stream_copy(self.d2h_stream, compute_stream(), dst, src, keep_alive=src,
+                                  timed=self._time_next("d2h"))
         return Transfer("d2h", nbytes, event=end, start=start)
 
     def copy_in(self, storage, slot, after_out: Transfer | None) -> Transfer:
@@ -347,12 +366,19 @@ class HostTier:
         dst, src = byte_view(storage), self.pool.slice(slot, nbytes)
         if not self.cuda:
             return cpu_copy(self.threads, "h2d", dst, src)
-        self.h2d_stream.wait_stream(compute_stream())  # the new block is free to write
         if after_out is not None and after_out.event is not None:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
-        # keep_alive=dst: if the tensor is freed before its use, the block is not reused under the copy
-        start, end = _stream_copy(self.h2d_stream, dst, src, keep_alive=dst)
+        # after the compute stream's work so far: the new block is free to write; keep_alive=dst:
+        # if the tensor is freed before its use, the block is not reused under the copy
+        start, end = _stream_copy(self.h2d_stream, compute_stream(), dst, src, keep_alive=dst,
+                                  timed=self._time_next("h2d"))
         return Transfer("h2d", nbytes, event=end, start=start)
+
+    def _time_next(self, path: str) -> bool:
+        """Note [Timing a sample of the copies]: a path's first stream copy and every
+        TIMED_COPY_EVERY-th after it are timed."""
+        self._copies[path] += 1
+        return self._copies[path] % TIMED_COPY_EVERY == 1
 
 
 def host_memoryview(data: torch.Tensor) -> memoryview:
