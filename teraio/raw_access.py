@@ -18,6 +18,9 @@ tensors and refuses, or writes garbage). So:
   moved out: they bring that storage back first, and nothing leaves until the copy returns
   (it may leave again later);
 - anything else calls `teraio.resident()` around its raw reads.
+The CPU storages torch.load makes are marked as it makes them (LOADED_MARK): their memory is
+torch.load's, not the allocator's, and the runtime moves only marked ones into storages of the
+allocator's before it frees them (Note [Storages torch.load made] in teraio_run/budget.py).
 The wrappers are installed as their modules are imported (the bootstrap's import hook) and
 cost one list lookup when no runtime agent is active (plain runs, `teraio profile`).
 """
@@ -44,6 +47,10 @@ SAVERS = {
 EXPORTS = ("numpy", "__dlpack__")   # Tensor methods that hand out a pointer
 STORAGE_COPIES = ("clone", "cpu")   # UntypedStorage methods that size a copy before any op runs
 WRAPPED_MARK = "__teraio_wrapped__"
+# on the CPU storages torch.load made (Note [Storages torch.load made] in teraio_run/budget.py):
+# an attribute of the storage's Python object, which PyTorch keeps as long as the storage lives
+LOADED_MARK = "_teraio_loaded"
+LOAD_PRIORITY = -1000   # torch.load asks its deserializers in this order: ahead of every device's (CPU's is 10)
 
 
 def resident():
@@ -149,8 +156,51 @@ def _agent_around(method: str):
     return wrapper
 
 
+_marking_loads = False
+
+
+def made_by_load(storage) -> bool:
+    """Whether torch.load made this CPU storage (Note [Storages torch.load made])."""
+    return getattr(storage, LOADED_MARK, False)
+
+
+def _mark_loaded(storage, location: str):
+    """A deserializer of torch.load's, asked first for every storage it restores: it marks
+    those whose memory is torch.load's own (the CPU ones not resizable: read from the file, or
+    mapped from it privately with mmap=True) and leaves the restoring to the next one (None).
+    None while mmap is set to MAP_SHARED (torch.serialization.set_default_mmap_options): such
+    a mapping writes through to the file, which must go on seeing the tensor's writes."""
+    device = getattr(storage, "device", None)
+    if getattr(device, "type", None) == "cpu" and not storage.resizable() and not _maps_shared():
+        setattr(storage, LOADED_MARK, True)
+    return None
+
+
+def _maps_shared() -> bool:
+    import mmap
+
+    from torch import serialization
+
+    options = getattr(serialization, "get_default_mmap_options", None)
+    return options is not None and options() == getattr(mmap, "MAP_SHARED", None)
+
+
+def _no_tag(storage) -> None:
+    return None  # torch.save tags storages by device: not ours to say
+
+
+def _mark_loads(serialization) -> None:
+    """Note [Storages torch.load made]: torch.load's storages marked as they are made, also
+    before the agent starts (a job may load its checkpoint before its first op)."""
+    global _marking_loads
+    if not _marking_loads:  # torch keeps every package registered: once per process
+        serialization.register_package(LOAD_PRIORITY, _no_tag, _mark_loaded)
+        _marking_loads = True
+
+
 def wrap_module(module) -> None:
-    """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and Tensor's exports with torch."""
+    """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and with torch Tensor's
+    exports, the storage copies and torch.load's storages (marked)."""
     savers = {path: _from_tiers(where) for path, where in TIER_SAVERS.get(module.__name__, {}).items()}
     savers.update((path, _held) for path in SAVERS.get(module.__name__, ()))
     for path, wrapper in savers.items():
@@ -162,6 +212,7 @@ def wrap_module(module) -> None:
             _wrap(module.Tensor, attr, _agent_first("pin_for_raw_read"))
         for attr in STORAGE_COPIES:
             _wrap(module.UntypedStorage, attr, _agent_around("held_for_copy"))
+        _mark_loads(module.serialization)
 
 
 def _wrap(owner, attr: str, wrapper) -> None:

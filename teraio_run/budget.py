@@ -17,10 +17,12 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from teraio.formats.trace import Kind
+from teraio.raw_access import made_by_load
 from teraio.walk import OOM_RETRIES, cuda_allocated_bytes
 from teraio_run.engine import MOVABLE_KINDS
 
 _expired = torch.UntypedStorage._expired   # a storage's liveness by its weak pointer, in C
+_swap_memory = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)   # PyTorch 2.4 has none
 
 MAX_CHECKS_SKIPPED = 64   # Note [Bounding the check]: an exact count at least this often
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
@@ -125,20 +127,64 @@ class BudgetKeeper:
         """Why a storage may not leave the device (movable), or None: one of REFUSALS' keys."""
         if record.pinned:
             return "pinned"
-        if kind not in MOVABLE_KINDS:
-            return "kind"
+        if kind not in MOVABLE_KINDS and not (kind == Kind.other and made_by_load(record.storage())):
+            return "kind"   # unless torch.load made it: Note [Storages torch.load made]
         if record.in_collective():
             return "collective"
         if record.key in self.unwritten:
             return "unwritten"
         storage = record.storage()
-        if storage is not None and not storage.resizable():
-            return "not_resizable"
         if storage is not None and not self.cuda and storage.is_shared():  # (CUDA's all say shared)
             return "shared"
+        if storage is not None and not storage.resizable() and not self._own_loaded(storage):
+            return "not_resizable"
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
         return "ddp_gradient" if kind == Kind.gradient and self._ddp else None
+
+    def _own_loaded(self, storage) -> bool:
+        """Note [Storages torch.load made]
+        On the CPU the storages torch.load makes hold its own memory, not the allocator's: the
+        bytes it read from the file, or (mmap=True) a private mapping of the file. They are not
+        resizable, so resize_(0) cannot free them, and optimizer.load_state_dict keeps those very
+        tensors as the optimizer state (the script's loaded dict holds them too): a resumed job's
+        AdamW state never left, every plan offload of it was refused and the run passed its
+        budget (tests/test_resume.py). So when the keeper is about to let one go, it gives it
+        memory of the allocator's first: a fresh storage, the bytes copied in, and the two
+        storages' memory swapped (UntypedStorage._swap_data_ptr_, which takes the allocator and
+        the resizable flag along). The storage object stays the same, so every tensor and view
+        of it (the optimizer's, the script's dict's, those saved for backward) reads the same
+        bytes at the new address, and torch.load's memory goes with the stand-in. A copy of
+        bytes, once, at the storage's first move: training stays bit for bit. For the length of
+        the copy the storage is there twice (host memory on a CPU run, which the budget counts
+        once).
+        Until the job's first step the walk cannot name loaded optimizer state (it learns of an
+        optimizer at its step, and of parameter names at the model's first call), and what the
+        script keeps of its checkpoint (the loaded dict's weights, copied into the model) it
+        never names: kind `other`, which never moves, so the whole loaded state stayed from the load on (1.03
+        MiB of a 592 KiB budget in tests/test_resume.py, before the first forward). A storage
+        torch.load made is the job's own state, read by ops and by the savers we guard like a
+        parameter, never a buffer that threads use outside ops (what keeps `other` in place:
+        Note [Collective buffers] in teraio/walk.py), so it may move whatever its kind.
+        Only storages torch.load made are swapped (teraio/raw_access.py marks them as it restores
+        them, also before the agent starts). Other CPU storages that are not resizable belong to
+        something that still reads and writes that memory (torch.from_numpy's array,
+        torch.frombuffer's buffer, a DLPack producer), which would stop seeing the tensor's
+        writes: they stay refused (`not_resizable`), as do shared-memory storages (`shared`,
+        checked before) and storages loaded through a map_location function that returns them
+        itself (torch.load asks no other deserializer then). With mmap=True the mapping is
+        private by default (MAP_PRIVATE): no one else sees those bytes either; the copy reads
+        the file's pages once, and a tensor that never leaves keeps its mapping and costs
+        nothing. A MAP_SHARED mapping (set_default_mmap_options) writes through to the file and
+        is not marked. On CUDA there is nothing to do: torch.load's deserializer copied the
+        bytes into the caching allocator's memory, and the keeper never swaps there."""
+        if self.cuda or _swap_memory is None or not made_by_load(storage):
+            return False
+        with _disable_current_modes():   # the copy is no op of the job's
+            fresh = torch.UntypedStorage(storage.nbytes())
+            fresh.copy_(storage)
+            _swap_memory(storage, fresh)  # fresh holds torch.load's memory now, freed as it goes
+        return True
 
     def relieve_memory(self, inputs, attempt: int = 0) -> bool:
         """Note [Out of memory]: the cap counts memory the allocator reserves, which is more

@@ -16,8 +16,9 @@ REFUSALS = {
     "collective": "a collective still uses it",
     "kind": "the runtime never moves storages of its kind",
     "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
-    "not_resizable": "its memory belongs to whoever made it, not to the allocator (torch.load's CPU storages, "
-                     "which optimizer.load_state_dict keeps as the optimizer state on the CPU): it cannot be freed",
+    "not_resizable": "its memory belongs to whoever made it, not to the allocator (torch.from_numpy's array and "
+                     "torch.frombuffer's buffer, which may still use it; torch.load's when a map_location function "
+                     "restored it: Note [Storages torch.load made]): it cannot be freed",
     "shared": "it is in shared memory (Module.share_memory(), a tensor sent to another process), which other "
               "processes may map: it cannot be freed",
 }

@@ -5,7 +5,7 @@ and trains on. Dropout draws from the saved RNG state, so a resumed run matches 
 uninterrupted one only if every piece of state came back. It never imports teraio.
 
     python resume_loop.py --steps 8 --save-at 3 --checkpoint ckpt.pt --losses-out a.json
-    python resume_loop.py --steps 8 --resume ckpt.pt --losses-out b.json
+    python resume_loop.py --steps 8 --resume ckpt.pt --losses-out b.json [--mmap]
 """
 
 import argparse
@@ -37,12 +37,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="ckpt.pt")
     parser.add_argument("--resume", default=None)
     parser.add_argument("--losses-out", default="losses.json")
+    parser.add_argument("--mmap", action="store_true", help="torch.load the checkpoint with mmap=True")
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     model, optimizer, scheduler = build()
     start = 0
     if args.resume:
-        state = torch.load(args.resume)
+        state = torch.load(args.resume, mmap=args.mmap)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
