@@ -28,6 +28,15 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   structure (a different layer count, another control-flow path) still pauses the plan, and
   the refusal below compares structures. A plan without the digest (older plans) keeps
   exact matching: op name and output shapes.
+- Sizes: a structure digest (or an op digest, which sees shapes only in the ops' outputs)
+  matches a model of another width too: the same layers, the same ops. Its parameters,
+  gradients and optimizer state have other sizes than the entries that name them, and
+  following those entries moves the wrong bytes at the wrong times. So when an iteration
+  would teach the plan, the sizes of the tensors its fixed-size entries name (SIZED_KINDS:
+  no batch or sequence length changes them, unlike activations') are compared with the
+  entries' nbytes, once: if one differs the plan is refused for the rest of the run, said in
+  one line naming it (a guard trip; --strict stops the job), and the job runs unplanned.
+  Nothing is added to the per-op path.
 Unplanned stretches stay within budget by on-demand eviction of the least recently used
 tensors (teraio_run/budget.py). Neither path can corrupt training: every op's inputs are made resident first
 (ensure_resident). Reads that bypass ATen (safetensors, numpy, DLPack) go through
@@ -43,12 +52,15 @@ from torch.utils._python_dispatch import _disable_current_modes
 from teraio.errors import PlanMismatchError, stop_job
 from teraio.formats.plan import Plan
 from teraio.formats.trace import Kind, signature_digest
+from teraio.units import format_bytes
 from teraio.walk import OpWalk, WalkListener, makes_uninitialized, op_structure, written_arguments
 from teraio_run.budget import BudgetKeeper
 from teraio_run.engine import MigrationEngine
 from teraio_run.metrics import IterationLog
 from teraio_run.saving import save_from_tiers
 
+# Note [When the plan is followed], Sizes: kinds whose size is the model's, whatever the batch
+SIZED_KINDS = frozenset({Kind.parameter.name, Kind.gradient.name, Kind.optimizer_state.name})
 
 
 class RunAgent(WalkListener):
@@ -85,6 +97,8 @@ class RunAgent(WalkListener):
         self.iterations_on_plan = 0
         self.guard_trips = 0
         self.guard_reason = ""
+        self.planned_nbytes = _sized_entries(plan)   # tensor id -> (name, nbytes in the trace)
+        self.sizes_differ = False                    # refused for good: Note [When the plan is followed], Sizes
         self.plan_pauses = 0
         self.pause_reason = ""   # the first one, for the report
         self.log = IterationLog(engine, self.walk, self.keeper)
@@ -189,13 +203,48 @@ class RunAgent(WalkListener):
                 self._catch_up_wraps()
 
     def _learn(self, iteration: int, num_kernels: int) -> None:
-        """The first iteration that ran the traced ops gives the per-kernel signatures."""
-        digest = signature_digest(self.signatures)
+        """The first iteration that ran the traced ops, on tensors of the traced sizes, gives
+        the per-kernel signatures."""
+        signatures, self.signatures = self.signatures, []
+        if self.sizes_differ:
+            return
+        digest = signature_digest(signatures)
         if digest == self.digest and num_kernels == self.num_kernels:
-            self.expected = self.signatures
+            if (reason := self._sizes_unlike_plan()) is None:
+                self.expected = signatures
+            else:
+                self._refuse_sizes(reason)
         elif iteration == self.plan.header.trace.steady_from_iteration:
             self._refuse(digest, num_kernels)
-        self.signatures = []
+
+    def _sizes_unlike_plan(self) -> str | None:
+        """Why this job's tensors are not those the plan's entries were made for (Note [When
+        the plan is followed], Sizes), or None. A tensor the walk has not met is skipped: a
+        missing one is counted as it is due (plan_ids_missing)."""
+        live_nbytes: dict[str, set[int]] = {}
+        for record in self.walk.records.values():
+            if record.id in self.planned_nbytes:
+                live_nbytes.setdefault(record.id, set()).add(record.nbytes)
+        differ = [(name, min(live), planned) for tensor_id, (name, planned) in self.planned_nbytes.items()
+                  if (live := live_nbytes.get(tensor_id)) and planned not in live]
+        if not differ:
+            return None
+        name, here, there = max(differ, key=lambda d: d[2])   # the largest says most about the model
+        here_s, there_s = format_bytes(here), format_bytes(there)
+        if here_s == there_s:  # the sizes differ below the rounding
+            here_s, there_s = f"{here} bytes", f"{there} bytes"
+        return (f"the plan was made for tensors of other sizes: {name} is {here_s} here, {there_s} in the "
+                f"plan's trace ({len(differ)} of the {len(live_nbytes)} weights, gradients and optimizer states "
+                "it moves differ); profile this job again and plan its trace")
+
+    def _refuse_sizes(self, reason: str) -> None:
+        """A plan for another model of the same ops: never followed, one line (a guard trip)."""
+        self.sizes_differ = True
+        self.guard_trips, self.guard_reason = self.guard_trips + 1, reason   # in the report written at exit
+        if self.strict:
+            stop_job(PlanMismatchError(reason))
+        print(f"teraio: warning: {reason}; the plan is not followed (training stays exact, and the budget is "
+              "kept by on-demand eviction)", file=sys.stderr)
 
     def _catch_up_wraps(self) -> None:
         """The plan is about to be followed after an unplanned iteration, which skipped the
@@ -286,6 +335,16 @@ class RunAgent(WalkListener):
     def held_for_copy(self, storage):
         """A storage's clone or cpu copy (teraio/raw_access.py): BudgetKeeper.held_for_copy."""
         return self.keeper.held_for_copy(storage)
+
+
+def _sized_entries(plan: Plan) -> dict[str, tuple[str, int]]:
+    """Tensor id -> (name, nbytes) of the entries whose size no batch changes (SIZED_KINDS),
+    in the plan's order: what the size check compares, once."""
+    sized: dict[str, tuple[str, int]] = {}
+    for entry in plan.entries:
+        if entry.kind in SIZED_KINDS:
+            sized.setdefault(entry.tensor, (entry.name, entry.nbytes))
+    return sized
 
 
 def _index_replays(plan: Plan) -> dict[int, dict[str, int]]:

@@ -14,18 +14,19 @@ from teraio_run.report import finish
 from teraio_run.setup import RunContext, build_agent, plan_for_rank
 
 
-def start(settings: Settings) -> RunAgent | None:
+def start(settings: Settings) -> RunAgent:
     """Called by the bootstrap at the job's first op on the plan's device (Note [Lazy start])."""
     plan, plan_path = plan_for_rank(settings)
-    if not plan.entries and plan.header.prediction.fits:
-        # Nothing to move: stay out of the way entirely (no walk, no per-op cost).
-        print(f"teraio: {plan_path} moves nothing (the job fits its budget); running untouched", file=sys.stderr)
-        return None
+    # A plan that moves nothing still gets the walk and the budget keeper: the trace fitted the
+    # budget, but this job may not (larger tensors than profiled, another model run under the
+    # plan), and only the keeper holds it to the budget then.
     agent, context = build_agent(settings, plan, plan_path)
     activate(agent.walk)
     install_exit_handlers(agent, context)
     pinned = f" (pinned in {context.pool_pin_s:.1f} s)" if agent.cuda and context.pool_bytes else ""
-    print(f"teraio: rank {settings.rank} follows {plan_path.name} ({len(plan.entries)} entries) on "
+    follows = (f"follows {plan_path.name} ({len(plan.entries)} entries)" if plan.entries else
+               f"keeps the budget of {plan_path.name}, which moves nothing (the traced job fitted it)")
+    print(f"teraio: rank {settings.rank} {follows} on "
           f"{agent.device_name}, budget {format_bytes(agent.budget_bytes)}, host pool "
           f"{format_bytes(context.pool_bytes)}{pinned}, swap I/O {context.io_backend} in {len(context.run_dirs)} folder(s)",
           file=sys.stderr)
