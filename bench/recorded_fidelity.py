@@ -38,11 +38,15 @@ def report_of(line: dict, trace) -> RunReport:
     return RunReport(header=header, **body)
 
 
-def plan_args(system_config: dict) -> list[str]:
-    """The options of the recorded plan (its inputs), as `teraio plan` takes them."""
+def plan_args(system_config: dict, link_gbps: float = 0.0) -> list[str]:
+    """The options of the recorded plan (its inputs), as `teraio plan` takes them; with link_gbps,
+    one link of that rate for both directions together instead of the recorded rates."""
     c = system_config
+    host_gbps, pcie_gbps, link_total_gbps = (link_gbps,) * 3 if link_gbps else (
+        c["host_gbps"], c["pcie_gbps"], c.get("link_total_gbps", 0.0))
     args = ["--gpu-mem", c["budget_bytes"], "--ssds", c["num_ssds"], "--host-mem", c["host_mem_bytes"],
-            "--host-gbps", c["host_gbps"], "--pcie-gbps", c["pcie_gbps"], "--headroom", c["headroom_bytes"]]
+            "--host-gbps", host_gbps, "--pcie-gbps", pcie_gbps, "--link-total-gbps", link_total_gbps,
+            "--headroom", c["headroom_bytes"]]
     if not c.get("recompute", True):
         args.append("--no-recompute")
     return [str(a) for a in args]
@@ -54,8 +58,10 @@ def predicted_ms(trace_path: Path, args: list[str], out: Path) -> float:
     return load_plan(out).header.prediction.iteration_ms
 
 
-def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0) -> list[dict]:
-    """One row per recorded teraio run: label, measured, predicted and calibrated ms."""
+def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0,
+                  link_gbps: float = 0.0) -> list[dict]:
+    """One row per recorded teraio run: label, measured, predicted and calibrated ms (with
+    link_gbps, every plan made for one link of that rate for both directions together)."""
     trace = load_trace(trace_path)
     lines = [json.loads(text) for text in results_path.read_text().splitlines() if text.strip()]
     lines = [line for line in lines if line.get("metrics", {}).get("teraio")]
@@ -64,8 +70,9 @@ def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0)
         report_path = Path(tmp) / "report.json"
         save_report(report_of(lines[calibrate_from], trace), report_path)
         for i, line in enumerate(lines):
-            options = plan_args(line["config"]["system_config"])
-            plan, calibrated_plan = Path(tmp) / f"plan{i}.json", Path(tmp) / f"cal{i}.json"
+            config = line["config"]["system_config"]
+            options = plan_args(config, link_gbps)
+            plan, calibrated_plan, ran_plan = (Path(tmp) / f"{name}{i}.json" for name in ("plan", "cal", "ran"))
             rows.append({"label": line["label"], "calibrating": i == calibrate_from,
                          "measured_ms": line["metrics"]["step_ms_median"],
                          "predicted_ms": predicted_ms(trace_path, options, plan),
@@ -73,9 +80,14 @@ def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0)
                                                        calibrated_plan),
                          # the plan the run ran (made with the recorded options) under the measured figures:
                          # the calibrated planner may choose other actions than the run's plan has
-                         "ran_plan_calibrated_ms": simulate(trace, load_plan(plan),
-                                                            load_plan(calibrated_plan).header.inputs).iteration_ms})
+                         "ran_plan_calibrated_ms": _ran_plan_ms(trace, trace_path, plan_args(config), ran_plan,
+                                                                load_plan(calibrated_plan).header.inputs)})
     return rows
+
+
+def _ran_plan_ms(trace, trace_path: Path, options: list[str], out: Path, inputs) -> float:
+    predicted_ms(trace_path, options, out)
+    return simulate(trace, load_plan(out), inputs).iteration_ms
 
 
 def main() -> None:
@@ -83,10 +95,12 @@ def main() -> None:
     parser.add_argument("trace", type=Path)
     parser.add_argument("results", type=Path)
     parser.add_argument("--calibrate-from", type=int, default=0, help="the line whose report calibrates")
+    parser.add_argument("--link-gbps", type=float, default=0.0, help="plan for one link of this rate for both "
+                        "directions together (--host-gbps, --pcie-gbps and --link-total-gbps), not the recorded rates")
     args = parser.parse_args()
     table = Table("run", "measured ms", "predicted ms", "error", "calibrated ms", "error",
                   "the run's plan, calibrated", "error", title_justify="left")
-    for row in fidelity_rows(args.trace, args.results, args.calibrate_from):
+    for row in fidelity_rows(args.trace, args.results, args.calibrate_from, args.link_gbps):
         measured = row["measured_ms"]
         table.add_row(row["label"] + (" (calibrating)" if row["calibrating"] else ""), f"{measured:,.1f}",
                       f"{row['predicted_ms']:,.1f}", f"{row['predicted_ms'] / measured - 1:+.1%}",

@@ -16,11 +16,25 @@ Note [Bandwidth model]
     link SSD traffic leaves idle, so the planner's split is what the replay can count on.
     (A split rather than one shared ledger: with a shared one, the replay's queues cannot
     keep both tiers to the planner's per-kernel shares, and prefetches would come back late.)
+    A shared link (link_total_gbps = T > 0): the two directions together carry at most T, as
+    on the H200 machine, where a copy one way alone ran at ~54 GB/s and a run moving both ways
+    at once reached ~54 GB/s for both together, not 54 each (docs/design.md). Giving each
+    direction its own figure there made link-bound plans look up to 1.5x faster than they ran.
+    The SSD tier keeps its shares of each direction (scaled down if they alone pass T); the
+    host tier gets one ledger for both directions:
+        host = min(host_out, host_in, T - ssd_out - ssd_in)
+    which an offload fills from its start and a prefetch from its end (their kernels never
+    overlap, so one sum serves both). That is exact where the shared link is the narrower
+    figure (a lone direction fills it too, as on the H200: --host-gbps 54 --link-total-gbps 54)
+    and conservative where the host path is (both directions at once could carry up to T). The
+    simulator holds the two directions together to T, shared fairly between them when both
+    want more (max-min: each at least T/2 or what it asks), SSD first as above.
     Each transfer also pays `latency_us` once (submission, completion); the planner only
     keeps periods whose window exceeds both transfers at full rate plus two latencies.
     Kernels take their profiled time whatever the traffic (copies run on side streams).
 """
 
+import math
 from dataclasses import dataclass
 
 from teraio.formats.plan import PlannerInputs
@@ -35,6 +49,8 @@ def path_bytes_per_us(inputs: PlannerInputs, tier: str) -> tuple[float, float]:
     else:
         out_gbps, in_gbps = inputs.num_ssds * inputs.ssd_write_gbps, inputs.num_ssds * inputs.ssd_read_gbps
     cap_gbps = inputs.pcie_gbps
+    if inputs.link_total_gbps > 0:  # one direction alone is held to the shared link too
+        cap_gbps = min(cap_gbps, inputs.link_total_gbps)
     return min(out_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS, min(in_gbps, cap_gbps) * BYTES_PER_US_PER_GBPS
 
 
@@ -54,17 +70,34 @@ class Rates:
     h2d: float
     out: float
     into: float
+    both: float = math.inf  # both directions together (a shared link); inf: full duplex
+
+    @property
+    def shared(self) -> bool:
+        """Whether the directions take from one figure (Note [Bandwidth model])."""
+        return self.both < self.out + self.into
 
     def path(self, name: str) -> float:
         return getattr(self, "into" if name == "in" else name)
 
     def peak(self, tier: str, outbound: bool) -> float:
-        """The tier's share of the link in this direction (see Note [Bandwidth model])."""
-        link = self.out if outbound else self.into
-        ssd = min(self.d2s if outbound else self.s2d, link)
+        """The tier's share of the link in this direction; on a shared link the host's is its
+        share of both directions together (see Note [Bandwidth model])."""
+        ssd_out, ssd_in = self._ssd_shares()
         if tier == "ssd":
-            return ssd
-        return max(0.0, min(self.d2h if outbound else self.h2d, link - ssd))
+            return ssd_out if outbound else ssd_in
+        host_out = max(0.0, min(self.d2h, self.out - ssd_out))
+        host_in = max(0.0, min(self.h2d, self.into - ssd_in))
+        if self.shared:
+            return max(0.0, min(host_out, host_in, self.both - ssd_out - ssd_in))
+        return host_out if outbound else host_in
+
+    def _ssd_shares(self) -> tuple[float, float]:
+        ssd_out, ssd_in = min(self.d2s, self.out), min(self.s2d, self.into)
+        if ssd_out + ssd_in > self.both:  # the SSDs alone would fill a shared link
+            scale = self.both / (ssd_out + ssd_in)
+            ssd_out, ssd_in = ssd_out * scale, ssd_in * scale
+        return ssd_out, ssd_in
 
 
 def rates(inputs: PlannerInputs) -> Rates:
@@ -78,4 +111,5 @@ def rates(inputs: PlannerInputs) -> Rates:
         h2d=inputs.host_gbps * scale if host_on else 0.0,
         out=inputs.pcie_gbps * scale,
         into=inputs.pcie_gbps * scale,
+        both=inputs.link_total_gbps * scale if inputs.link_total_gbps > 0 else math.inf,
     )

@@ -39,7 +39,7 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
                    ssd_read_gbps: float = DEFAULT_SSD_READ_GBPS,
                    ssd_write_gbps: float = DEFAULT_SSD_WRITE_GBPS, host_mem_bytes: int = 0,
                    host_gbps: float = DEFAULT_HOST_GBPS, pcie_gbps: float = DEFAULT_PCIE_GBPS,
-                   headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US,
+                   link_total_gbps: float = 0.0, headroom_bytes: int = 0, latency_us: float = DEFAULT_LATENCY_US,
                    allow_stalls: bool = True, clean_copies: bool = True, recompute: bool = True) -> PlannerInputs:
     """PlannerInputs from user options, with every mistake a UsageError that says what to do."""
     budget = _budget(trace, gpu_mem_bytes)
@@ -48,10 +48,13 @@ def planner_inputs(trace: Trace, gpu_mem_bytes: int | None = None, num_ssds: int
                        ("--host-gbps", host_gbps), ("--pcie-gbps", pcie_gbps)):
         if not gbps > 0:
             raise UsageError(f"{name} is {gbps}: give a bandwidth above 0 GB/s")
+    if not link_total_gbps >= 0:
+        raise UsageError(f"--link-total-gbps is {link_total_gbps}: give a bandwidth above 0 GB/s, or 0 for a "
+                         "link that carries --pcie-gbps each way at once")
     return PlannerInputs(
         budget_bytes=budget, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
         ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem_bytes, host_gbps=host_gbps,
-        pcie_gbps=pcie_gbps, headroom_bytes=headroom_bytes, latency_us=latency_us,
+        pcie_gbps=pcie_gbps, link_total_gbps=link_total_gbps, headroom_bytes=headroom_bytes, latency_us=latency_us,
         allow_stalls=allow_stalls, clean_copies=clean_copies, recompute=recompute,
     )
 

@@ -91,15 +91,13 @@ class _Planner:
         self.host_bytes_twice = np.zeros(2 * self.num_k, dtype=np.int64)
         self.capacity = {OUT_PATH[t]: self.duration_us_twice * self.rates.peak(t, True) for t in TIERS}
         self.capacity |= {IN_PATH[t]: self.duration_us_twice * self.rates.peak(t, False) for t in TIERS}
-        # Residual bytes per path, inside running sums: a walk is a binary search in one of them.
-        # Both tiers of one direction share one running sum, back to back (each from a block
-        # start), so one search walks the rows of both tiers: numpy's cost per call dominates.
-        segment = ledger.RunningSum.padded_size(2 * self.num_k)
-        self.tier_offset = {t: k * segment for k, t in enumerate(TIERS)}
-        self.residual_sums = {d: ledger.RunningSum(np.concatenate(
-            [ledger.padded(self.capacity[path[t]], segment) for t in TIERS])) for d, path in DIRECTIONS}
-        self.ledgers = {path[t]: self.residual_sums[d].values[off:off + 2 * self.num_k]
-                        for d, path in DIRECTIONS for t, off in self.tier_offset.items()}
+        # Residual bytes per path, in one running sum: a walk is a binary search in it. Every
+        # path's ledger lies back to back there (each from a block start), so one search walks
+        # the rows of every tier: numpy's cost per call dominates. On a shared link the host's
+        # two directions are one ledger (Note [Bandwidth model]).
+        self.offset, self.residual = self._residual_ledgers()
+        self.ledgers = {path[t]: self.residual.values[self.offset[d, t]:self.offset[d, t] + 2 * self.num_k]
+                        for d, path in DIRECTIONS for t in TIERS}
         # What both tiers together put on the link each kernel (never above pcie rate * duration).
         self.link_bytes = {"out": np.zeros_like(self.duration_us_twice), "in": np.zeros_like(self.duration_us_twice)}
         self.tiers = [t for t in TIERS if self._tier_on(t)]
@@ -107,6 +105,19 @@ class _Planner:
         self.host_peak_bytes = 0
         self.away: list[tuple[int, int, int]] = []  # (lo, hi, nbytes): kernels a pick is away over
         self.version = 0
+
+    def _residual_ledgers(self) -> tuple[dict[tuple[str, str], int], ledger.RunningSum]:
+        """(where each (direction, tier) ledger starts, the running sum holding them all)."""
+        segment = ledger.RunningSum.padded_size(2 * self.num_k)
+        offset, parts = {}, []
+        for d, path in DIRECTIONS:
+            for t in TIERS:
+                if d == "in" and t == "host" and self.rates.shared:
+                    offset[d, t] = offset["out", t]
+                    continue
+                offset[d, t] = len(parts) * segment
+                parts.append(ledger.padded(self.capacity[path[t]], segment))
+        return offset, ledger.RunningSum(np.concatenate(parts))
 
     def _recount(self) -> None:
         """What run() reads after every pick: kernels still over budget, and the excess mass
@@ -195,16 +206,17 @@ class _Planner:
         Walks every row, viable or not (the walks of the others are just not read): cheaper than
         selecting rows for each step, since the per-call cost of numpy dominates at these sizes.
         """
-        p, sums, tiers = self.periods, self.residual_sums, self.tiers
-        offset = np.repeat([self.tier_offset[t] for t in tiers], len(ids))
-        end, nbytes = _stacked(p.end[ids], len(tiers)) + offset, _stacked(self.period_bytes_float[ids], len(tiers))
-        t_off = ledger.walk_many(sums["out"], _stacked(p.start[ids], len(tiers)) + offset + 1, end, nbytes, True)
-        t_pre = ledger.walk_many(sums["in"], t_off + 1, end, nbytes, False)
-        ok = (t_off >= 0) & (t_pre - t_off >= 2)  # then t_pre >= 0 too
+        p, tiers = self.periods, self.tiers
+        out_at, in_at = (np.repeat([self.offset[d, t] for t in tiers], len(ids)) for d in ("out", "in"))
+        start, end = _stacked(p.start[ids], len(tiers)), _stacked(p.end[ids], len(tiers))
+        nbytes = _stacked(self.period_bytes_float[ids], len(tiers))
+        t_off = ledger.walk_many(self.residual, start + out_at + 1, end + out_at, nbytes, True) - out_at
+        t_pre = ledger.walk_many(self.residual, t_off + in_at + 1, end + in_at, nbytes, False) - in_at
+        ok = (t_off >= start) & (t_pre - t_off >= 2)  # then t_pre >= 0 too
         ok &= np.concatenate([self.latency_ok[t][ids] for t in tiers])
         if "host" in tiers:
             ok[tiers.index("host") * len(ids):][:len(ids)] &= self._host_room(ids)
-        return ok, t_off - offset, t_pre - offset
+        return ok, t_off, t_pre
 
     def _host_room(self, ids: np.ndarray) -> np.ndarray:
         """Whether the pinned pool can hold each tensor over its whole period."""
@@ -224,8 +236,8 @@ class _Planner:
         link = self.link_bytes
         for path, direction, lo, hi, forward in ((OUT_PATH[tier], "out", a + 1, choice.offload_by + 1, True),
                                                  (IN_PATH[tier], "in", choice.prefetch_at, e, False)):
-            slots, taken = ledger.reserve(self.residual_sums[direction], lo, hi, nbytes, forward,
-                                          self.tier_offset[tier], 2 * self.num_k)
+            slots, taken = ledger.reserve(self.residual, lo, hi, nbytes, forward,
+                                          self.offset[direction, tier], 2 * self.num_k)
             link[direction][slots] += taken  # slots and taken hold both mirrors
         lo, hi = choice.offload_by + 1, choice.prefetch_at
         self.away.append((lo, hi, nbytes))

@@ -166,6 +166,7 @@ class _Sim:
         self.allowed_bytes = np.maximum(planned_memory(self.demand_bytes, plan), self.budget_bytes)
         r = rates(inputs)
         self.path_bytes_per_us = {p: r.path(p) for p in ("d2s", "s2d", "d2h", "h2d", "out", "in")}
+        self.path_bytes_per_us["both"] = r.both  # inf unless the link is shared
         self.clock_us = self.settled_at_us = 0.0
         # One queue per path, sorted by priority. All transfers on a path share its caps, so
         # only each queue's head moves at any time: rates are handed out to four heads.
@@ -233,15 +234,15 @@ class _Sim:
         """SSD transfers take the link first, host ones what is left (Note [Bandwidth model])."""
         left_bytes_per_us = dict(self.path_bytes_per_us)
         self.running = []
-        heads = [self.queues[p][0][1] for p in ("d2s", "s2d", "d2h", "h2d") if self.queues[p]]
-        for tr in heads:
-            tr.bytes_per_us = min(left_bytes_per_us[tr.path], left_bytes_per_us[tr.link])
-            if tr.bytes_per_us > 0:
-                left_bytes_per_us[tr.path] -= tr.bytes_per_us
-                left_bytes_per_us[tr.link] -= tr.bytes_per_us
-                self.running.append(tr)
-            if left_bytes_per_us["out"] <= 0 and left_bytes_per_us["in"] <= 0:
-                break
+        for tier_paths in (("d2s", "s2d"), ("d2h", "h2d")):
+            heads = [self.queues[p][0][1] for p in tier_paths if self.queues[p]]
+            wants = [min(left_bytes_per_us[tr.path], left_bytes_per_us[tr.link]) for tr in heads]
+            for tr, rate in zip(heads, _fair_shares(wants, left_bytes_per_us["both"])):
+                tr.bytes_per_us = rate
+                if rate > 0:
+                    for ledger in (tr.path, tr.link, "both"):
+                        left_bytes_per_us[ledger] -= rate
+                    self.running.append(tr)
         self._next_completion()
 
     def _next_completion(self) -> None:
@@ -416,3 +417,14 @@ class _Sim:
 def simulate(trace: Trace, plan: Plan, inputs: PlannerInputs | None = None) -> SimResult:
     """Replay trace + plan; inputs (bandwidths, budget) default to those the plan was made with."""
     return _Sim(trace, plan, inputs or plan.header.inputs).run()
+
+
+def _fair_shares(wants: list[float], both: float) -> list[float]:
+    """Max-min shares of `both` between a tier's directions (at most two), each at most what it
+    wants (Note [Bandwidth model]: a shared link); with both = inf, what each wants."""
+    if sum(wants) <= both:
+        return wants
+    if len(wants) == 1:
+        return [max(0.0, both)]
+    low = min(wants[0], wants[1], both / 2)
+    return [low, max(0.0, both - low)] if wants[0] <= wants[1] else [max(0.0, both - low), low]

@@ -28,11 +28,11 @@ class SweepPoint:
 
 
 def _one_path(inputs: PlannerInputs, bw_gbps: float) -> PlannerInputs:
-    """All migration through one path of bw_gbps each way (the per-GPU bandwidth of Figure 3);
+    """All migration through one path of bw_gbps each way at once (the per-GPU bandwidth of Figure 3);
     without a link no transfer can be bought with a stall either."""
     return inputs.model_copy(update=dict(
         num_ssds=1, ssd_read_gbps=float(bw_gbps), ssd_write_gbps=float(bw_gbps),
-        pcie_gbps=float(bw_gbps), host_mem_bytes=0, allow_stalls=inputs.allow_stalls and bw_gbps > 0))
+        pcie_gbps=float(bw_gbps), link_total_gbps=0.0, host_mem_bytes=0, allow_stalls=inputs.allow_stalls and bw_gbps > 0))
 
 
 def sweep(trace: Trace, inputs: PlannerInputs, bandwidths_gbps=SWEEP_GBPS,

@@ -144,6 +144,7 @@ def test_min_required_counts_unmovable_storages_and_untracked():
     (dict(num_ssds=-1), "--ssds"),
     (dict(ssd_read_gbps=0), "--ssd-read-gbps"),
     (dict(pcie_gbps=-5), "--pcie-gbps"),
+    (dict(link_total_gbps=-1), "--link-total-gbps"),
     (dict(gpu_mem_bytes=0), "--gpu-mem"),
 ])
 def test_bad_inputs_are_usage_errors(kwargs, match):

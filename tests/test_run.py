@@ -153,12 +153,14 @@ def test_a_plan_without_a_host_pool_evicts_to_the_disk_without_calling_it_a_spil
     assert "--host-mem" not in proc.stderr
 
 
-def test_empty_plan_leaves_the_job_untouched(work, tmp_path):
+def test_empty_plan_keeps_the_budget_and_trains_identically(work, tmp_path):
     trace = load_trace(work / "trace.msgpack")
     ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", 2 * peak_bytes(trace), "--ssds", 1,
               "-o", tmp_path / "plan.json", cwd=tmp_path))
     proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
-    assert "moves nothing" in proc.stderr and report is None
+    assert "moves nothing" in proc.stderr
+    # the budget keeper still watches (a job larger than its trace would be held to the budget)
+    assert report is not None and report.guard_trips == 0 and report.peak_device_bytes <= report.budget_bytes
     assert_twin(work, tmp_path)
 
 

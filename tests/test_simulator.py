@@ -91,6 +91,31 @@ def test_each_copy_and_replay_costs_the_thread_where_it_is_the_bound_and_hides_b
         == pytest.approx(3.5)                                                 # the thread runs them: it adds up
 
 
+def test_a_shared_link_carries_both_directions_in_the_time_of_their_sum():
+    """Note [Bandwidth model]: on a link of T GB/s for both directions together a lone copy runs
+    at T and two at once share it; a full-duplex link of T each way overlaps them. 400 MB
+    tensors over 1 ms kernels: "early" comes back over kernels 20..27 while "late" leaves."""
+    mb = 10**6
+    tensors = [T("early", 400 * mb, [0, 28], Kind.activation, born=0, freed=29),
+               T("late", 400 * mb, [20, 38], Kind.activation, born=20, freed=39)]
+    trace = make_trace([1000.0] * 40, tensors, capacity_bytes=10**12)
+    plan = make_plan_outcome(trace, planner_inputs(trace, num_ssds=0, host_mem_bytes=GiB)).plan
+
+    def entry(name, after, by, at, needed):
+        return PlanEntry(tensor=name, name=name, kind="activation", nbytes=400 * mb, tier="host", offload_after=after,
+                         offload_by=by, prefetch_at=at, needed_by=needed, wraps=False, reason="test")
+    lone = plan.model_copy(update={"entries": [entry("early", 0, 1, 20, 28)]})
+    both = plan.model_copy(update={"entries": [entry("early", 0, 1, 20, 28), entry("late", 20, 21, 30, 38)]})
+    duplex = planner_inputs(trace, num_ssds=0, host_mem_bytes=GiB, host_gbps=50, pcie_gbps=50)
+    shared = duplex.model_copy(update={"link_total_gbps": 50.0})
+    # alone, early's copy in takes 8 ms at 50 GB/s: just in time for kernel 28 on either link
+    assert simulate(trace, lone, duplex).stall_ms == simulate(trace, lone, shared).stall_ms == 0
+    # with late leaving after kernel 20: in time on the full-duplex link; sharing 50, early
+    # runs 1 ms alone (50 MB), then at 25 GB/s beside late (350 MB: 14 ms), done 7 ms late
+    assert simulate(trace, both, duplex).stall_ms == 0
+    assert simulate(trace, both, shared).stall_ms == pytest.approx(7.0, rel=0.02)
+
+
 def test_sweep_rises_with_bandwidth_and_fits_at_zero_only_if_no_plan_needed():
     trace = layered_trace(num_layers=6, kernels_per_layer=12, seed=2)
     budget = int(0.75 * memory_curve(trace, 0).max())
@@ -118,7 +143,8 @@ def scenarios(draw):
     num_ssds = draw(st.integers(0, 4))
     host_mem = draw(st.sampled_from([64 * MiB, 512 * MiB, 4 * GiB] + ([0] if num_ssds else [])))
     inputs = planner_inputs(trace, gpu_mem_bytes=budget, num_ssds=num_ssds, host_mem_bytes=host_mem,
-                            pcie_gbps=draw(st.sampled_from([8.0, 25.0, 55.0])))
+                            pcie_gbps=draw(st.sampled_from([8.0, 25.0, 55.0])),
+                            link_total_gbps=draw(st.sampled_from([0.0, 0.0, 10.0, 40.0])))
     return trace, inputs
 
 
@@ -155,6 +181,10 @@ def test_every_plan_is_causal_and_the_replay_keeps_its_promises(data):
     link_cap = trace.duration_us * inputs.pcie_gbps * 1e3
     for direction, used in out.planner.link_bytes.items():
         assert (used <= link_cap * (1 + 1e-9) + 1e-3).all(), direction
+    if inputs.link_total_gbps:  # a shared link: both directions together within it, every kernel
+        both_cap = trace.duration_us * inputs.link_total_gbps * 1e3
+        both = out.planner.link_bytes["out"] + out.planner.link_bytes["in"]
+        assert (both <= both_cap * (1 + 1e-9) + 1e-3).all()
     claimed = out.planner.memory_bytes
     assert (planned_memory(memory_curve(trace, inputs.headroom_bytes), out.plan) == claimed).all()
     sim = out.simulation

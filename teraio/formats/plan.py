@@ -65,6 +65,9 @@ class PlannerInputs(Strict):
     host_mem_bytes: int
     host_gbps: float
     pcie_gbps: float
+    link_total_gbps: float = Field(0.0, ge=0, description="what the device link carries in both directions "
+                                   "together, GB/s (Note [Bandwidth model] in teraio_plan/bandwidth.py); "
+                                   "0: each direction its own pcie_gbps at once (full duplex)")
     headroom_bytes: int
     latency_us: float
     allow_stalls: bool = Field(True, description="plan transfers that delay kernels when the budget needs them")

@@ -46,6 +46,7 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--host-mem", type=SIZE, default=0, help="Pinned host pool cap (0 = SSD only). [default: 0]")
 @click.option("--host-gbps", type=float, default=DEFAULT_HOST_GBPS, show_default=True, help="Device<->host bandwidth per direction, GB/s.")
 @click.option("--pcie-gbps", type=float, default=DEFAULT_PCIE_GBPS, show_default=True, help="Device link per direction, shared by SSD and host traffic, GB/s.")
+@click.option("--link-total-gbps", type=float, default=0.0, help="What the device link carries in both directions together, GB/s, where that is less than --pcie-gbps each way at once (bench/link_probe.py measures it). [default: 0, full duplex]")
 @click.option("--headroom", type=SIZE, default=0, help="Extra bytes to keep free beyond what the trace tracks. [default: 0]")
 @click.option("--calibrate", "calibrate_from", type=click.Path(path_type=Path), default=None, help="A run report of this job (teraio run --report): take the host and SSD rates and the host time per kernel, per copy and per replay it measured; options given here still win.")
 @click.option("--no-clean-copies", is_flag=True, help="Plan every offload as a copy, for runs with teraio run --no-clean-copies (by default the host pool's kept copies make unwritten re-offloads free).")
@@ -54,7 +55,7 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--sweep", "do_sweep", is_flag=True, help="Print throughput against migration bandwidth (0-64 GB/s); write no plan.")
 @json_flag
 def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, host_mem, host_gbps,
-            pcie_gbps, headroom, calibrate_from, no_clean_copies, no_recompute, stall_free, do_sweep, as_json):
+            pcie_gbps, link_total_gbps, headroom, calibrate_from, no_clean_copies, no_recompute, stall_free, do_sweep, as_json):
     """Plan which idle tensors leave the device, when, to SSD or host, and when they come back.
 
     \b
@@ -62,6 +63,8 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
     teraio plan trace.rank0.msgpack trace.rank1.msgpack --ssds 4     (one plan per rank)
     teraio plan trace.msgpack --ssds 4 --sweep
     teraio plan trace.msgpack --gpu-mem 40GiB --host-mem 64GiB --calibrate run.json   (rates a run measured)
+    teraio plan trace.msgpack --gpu-mem 40GiB --ssds 0 --host-mem 64GiB --host-gbps 54 --link-total-gbps 54
+                                                  (a link that carries 54 GB/s for both directions together)
     
     Transfers that fit in the bandwidth without delaying a kernel are planned first; if
     the budget still is not met, more are planned at the price of stalls (the prediction
@@ -71,7 +74,8 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
         raise UsageError("-o names one plan file, but several traces were given: drop -o to write TRACE.plan.json for each")
     options = dict(gpu_mem_bytes=gpu_mem, num_ssds=num_ssds, ssd_read_gbps=ssd_read_gbps,
                    ssd_write_gbps=ssd_write_gbps, host_mem_bytes=host_mem, host_gbps=host_gbps,
-                   pcie_gbps=pcie_gbps, headroom_bytes=headroom, allow_stalls=not stall_free,
+                   pcie_gbps=pcie_gbps, link_total_gbps=link_total_gbps, headroom_bytes=headroom,
+                   allow_stalls=not stall_free,
                    clean_copies=not no_clean_copies, recompute=not no_recompute)
     # Every file and option is checked before any work, so a mistake writes nothing.
     if not do_sweep:
