@@ -31,7 +31,7 @@ GROUP_DEFAULTS = {"deterministic": False}  # results written before the key exis
 SHAPE_KEYS = ("layers", "dim", "heads", "ffn", "vocab")  # what makes a preset (batch and seq are run choices)
 MACHINE_NOTE = (
     "Machine: one NVIDIA H200 (about 139 GiB usable) on PCIe Gen5 x16, 16 cores, 128 GB RAM. "
-    "Pinned host<->device copies run at about 55 GB/s each way alone (37 GB/s both ways at once); "
+    "Pinned host<->device copies run at about 55 GB/s each way alone and 91-96 GB/s both ways at once (bench/link_probe.py); "
     "the only disk is one virtio disk at about 1.5 GB/s (no GPUDirect Storage), so every SSD-tier "
     "system here runs on one SSD (`--ssds 1`), and ZeRO-Infinity's NVMe tier shares that disk."
 )
@@ -173,7 +173,7 @@ def traced_peak(chosen):
     return None
 
 
-def group_table(results):
+def group_table(results, both_gbps: float = 0.0):
     """Markdown lines for one model configuration, and the plot's (label, share) points."""
     chosen = newest(results)
     ideal = chosen.get(("ideal", None))
@@ -202,7 +202,7 @@ def group_table(results):
         lines += ["", f"No ideal run fits this device: ratios are of the profiled trace's uncapped peak "
                       f"({gib(demand_peak)} GiB) to the cap."]
     peak = (ideal and ideal["metrics"].get("peak_device_bytes")) or demand_peak
-    lines += ([""] + speedups(chosen, caps, peak) + link_bounds(chosen, caps, ideal)
+    lines += ([""] + speedups(chosen, caps, peak) + link_bounds(chosen, caps, ideal, both_gbps)
               + teraio_details(chosen, caps, peak) + provenance(chosen))
     return lines, points
 
@@ -269,12 +269,12 @@ def speedups(chosen, caps, ideal_peak):
     return lines + ([""] if lines else [])
 
 
-def link_bounds(chosen, caps, ideal):
+def link_bounds(chosen, caps, ideal, both_gbps: float = 0.0):
     """What the host link alone allows: at the ideal's peak at least (peak - cap) bytes must be
     off the device, and they go out and come back every step. At the best one-way rate teraio's
-    copies reached, that bounds any system that computes on the GPU (one that computes on the
-    CPU, like ZeRO-Offload's optimizer, moves fewer bytes; copies that overlap in the two
-    directions can beat the one-way rate somewhat)."""
+    copies reached, that bounds any system that computes on the GPU and moves one direction at a
+    time (one that computes on the CPU, like ZeRO-Offload's optimizer, moves fewer bytes); with
+    both directions at once, the link probe's figure bounds it."""
     peak = ideal and ideal["metrics"].get("peak_device_bytes")
     rates = [gbps for r in chosen.values() if r["status"] == "ok"
              for path, gbps in r["metrics"].get("teraio", {}).get("achieved_gbps", {}).items() if path in ("d2h", "h2d")]
@@ -284,12 +284,24 @@ def link_bounds(chosen, caps, ideal):
     lines = []
     for cap in (cap for cap in caps if cap < peak):
         link_ms = 2 * (peak - cap) / (gbps * 1e9) * 1e3
+        overlapped = ""
+        if both_gbps:
+            both_ms = 2 * (peak - cap) / (both_gbps * 1e9) * 1e3
+            overlapped = (f"; with both directions at once at the {both_gbps:.0f} GB/s bench/link_probe.py measured, "
+                          f"{both_ms:.0f} ms: about {ideal_ms / max(both_ms, ideal_ms):.0%}")
         lines.append(f"- At {ratio_text(cap, peak)}: at least {2 * (peak - cap) / 1e9:.1f} GB cross the host link "
                      f"per step (the ideal's peak above the cap, out and back), {link_ms:.0f} ms at the "
                      f"{gbps:.1f} GB/s teraio's copies reached one way: about {ideal_ms / max(link_ms, ideal_ms):.0%} "
-                     "of ideal at best for a system that computes on the GPU (copies that overlap in the two "
-                     "directions do a little better).")
+                     f"of ideal at best for a system that computes on the GPU moving one direction at a time{overlapped}.")
     return lines + ([""] if lines else [])
+
+
+def probed_both_ways_gbps(folder) -> float:
+    """The most the link probe (bench/link_probe.py) saw both directions carry at once in any
+    result folder under `folder`, 0 if it never ran."""
+    found = [r["gbps_median"]["both_total"] for path in sorted(Path(folder).glob("*/link_probe.json"))
+             for r in json.loads(path.read_text())]
+    return max(found, default=0.0)
 
 
 def provenance(chosen):
@@ -338,7 +350,7 @@ def plot(groups, png_path):
     return True
 
 
-def render(results, problems, png_name):
+def render(results, problems, png_name, both_gbps: float = 0.0):
     """The markdown document, and (title, points) per group for the plot."""
     groups = {}
     for r in results:
@@ -353,7 +365,7 @@ def render(results, problems, png_name):
         lines += [f"![share of ideal throughput]({png_name})", ""]
     plot_groups = []
     for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
-        table, points = group_table(groups[key])
+        table, points = group_table(groups[key], both_gbps)
         lines += table
         if points:
             plot_groups.append((group_title(groups[key]), points))
@@ -372,7 +384,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     results, problems = load_results(args.results)
     md_path, png_path = Path(args.md), Path(args.png)
-    md, plot_groups = render(results, problems, png_path.name)
+    md, plot_groups = render(results, problems, png_path.name, probed_both_ways_gbps(args.results))
     md_path.parent.mkdir(parents=True, exist_ok=True)
     if plot_groups and not plot(plot_groups, png_path):
         md = md.replace(f"![share of ideal throughput]({png_path.name})", "(no plot: matplotlib is not installed)")
