@@ -93,11 +93,13 @@ def check_budget(trace: Trace, inputs: PlannerInputs) -> None:
     if inputs.budget_bytes < need:
         op = trace.op_name(k) if trace.num_kernels else "-"
         floor, _ = min_required_bytes(trace, inputs.headroom_bytes)
+        # a plan that fits needs more than the kernel itself only where something else can never move
+        fits = (f" (the job runs, evicting on demand), or at least {floor} ({format_bytes(floor)}) for a plan "
+                "that fits" if floor > need else "")
         raise PlanError(
             f"no plan can work: kernel {k} ({op}) alone needs {format_bytes(need)} ({need} bytes) "
             f"on the device with what can never move, but the budget is "
-            f"{format_bytes(inputs.budget_bytes)}: give --gpu-mem of at least {need} (the job runs, evicting "
-            f"on demand), or at least {floor} ({format_bytes(floor)}) for a plan that fits")
+            f"{format_bytes(inputs.budget_bytes)}: give --gpu-mem of at least {need}{fits}")
 
 
 def _watched_op_too_large(largest: LargestOp, need: int, traced_need: int, inputs: PlannerInputs) -> str:

@@ -108,6 +108,11 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
     cycle = (f" (its ops repeat every {per_iteration} optimizer steps, so an iteration is {per_iteration} steps: "
              f"it ran {steps} steps; --steps-per-iteration 1 profiles each step on its own)") if per_iteration > 1 else ""
     hint = next((s["hint"] for s in statuses if s.get("hint")), "")  # optimizers stepped inside backward
+    if iterations >= needed:  # enough of them, but the last ones never ran the same ops twice in a row
+        raise ScriptError(f"{script} finished after {iterations} iteration(s){cycle}, but no two in a row after "
+                          f"the warm-up ran the same ops, which the profile waits for (its ops change from one "
+                          f"iteration to the next: train for more steps, or profile with --warmup past the "
+                          f"changes){hint}")
     raise ScriptError(f"{script} finished after {iterations} iteration(s){cycle}, but the profile needs at least "
                       f"{needed} (warm-up + profiled, plus the iterations until two in a row run the same ops): "
                       f"train for more steps or lower --warmup/--iterations{hint}")

@@ -108,6 +108,24 @@ def test_too_few_steps_says_how_many(tmp_path):
     assert "after 6 iteration(s), but the profile needs at least 8" in one_line_error(proc, 4)
 
 
+def test_ops_that_change_every_iteration_are_named_not_miscounted(tmp_path):
+    """Eight iterations, each one layer deeper: enough of them, but never two alike. The line
+    says so instead of asking for a count of iterations the job already ran."""
+    (tmp_path / "grow.py").write_text(
+        "import torch\n"
+        "layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(12))\n"
+        "opt = torch.optim.SGD(layers.parameters(), lr=0.1)\n"
+        "for step in range(8):\n"
+        "    x = torch.randn(4, 8)\n"
+        "    for layer in layers[:step + 1]:\n"
+        "        x = torch.tanh(layer(x))\n"
+        "    x.sum().backward()\n"
+        "    opt.step(); opt.zero_grad()\n")
+    line = one_line_error(teraio("profile", "--", PYTHON, "grow.py", cwd=tmp_path), 4)
+    assert "after 8 iteration(s), but no two in a row after the warm-up ran the same ops" in line
+    assert "needs at least" not in line
+
+
 def test_failed_profile_keeps_the_previous_trace(trace_path, tmp_path):
     good = tmp_path / "trace.msgpack"
     good.write_bytes(trace_path.read_bytes())
