@@ -117,28 +117,57 @@ class _TensorLife:
 
 class _Clock:
     """Per-kernel durations, the walk starting and stopping it around each op's call (OpWalk.
-    op_clock): CUDA events on GPU (queued, read at iteration end), else monotonic."""
+    op_clock): CUDA events on GPU (queued, read at iteration end), else monotonic.
+
+    Note [Kernel time on a held stream]
+    Two CUDA events around an op's call time what the stream did between them. When the GPU
+    has nothing queued (a job of short kernels, slower still under the profiler's walk) the
+    start event runs at once and the interval holds the host's launch time too: a 1B job of
+    2,682 kernels stepping in 48.7 ms plainly on the H200 traced 95.3 ms of "kernels". So before
+    the start event the clock holds the stream with a spin kernel (torch.cuda._sleep) longer than
+    the op's call took on the host the last time: the op's kernels are all queued when the start
+    event runs, and the interval is the GPU's own time in them. The spins add GPU time to the
+    recorded iterations only (the warm-up ones that scale kernel times, Note [Kernel time under
+    the profiler], run without them); where the queue is full anyway (long kernels) they hide
+    behind it. An op that waits for the GPU inside its call (a copy to the host, .item()) still
+    times the wait, as before.
+    """
+
+    SPIN_OVER_CALL = 2.0      # the spin lasts this many times the op's last host call ...
+    MIN_SPIN_US = 20.0        # ... and at least this long (a launch is ~5-10 us)
+    MAX_SPIN_US = 5000.0      # ... and at most this (an op whose call waited for the GPU)
 
     def __init__(self, device_type: str):
         self.cuda = device_type == "cuda"
         self._pending: list[tuple] = []
         self._start = None
         self.last_us: float | None = None   # the last op's duration (CPU only)
+        self._call_t0 = 0
+        self._call_us = self.MIN_SPIN_US    # the last op's host call (CUDA)
+        self._cycles_per_us: float | None = None
 
     def start(self) -> None:
         if self.cuda:
+            torch.cuda._sleep(self._spin_cycles())  # Note [Kernel time on a held stream]
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
-        else:
-            self._start = time.perf_counter_ns()
+        self._call_t0 = time.perf_counter_ns()
 
     def stop(self) -> None:
+        call_us = (time.perf_counter_ns() - self._call_t0) / 1e3
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending.append((self._start, end))
+            self._call_us = call_us
         else:
-            self.last_us = (time.perf_counter_ns() - self._start) / 1e3
+            self.last_us = call_us
+
+    def _spin_cycles(self) -> int:
+        spin_us = min(max(self.SPIN_OVER_CALL * self._call_us, self.MIN_SPIN_US), self.MAX_SPIN_US)
+        if self._cycles_per_us is None:
+            self._cycles_per_us = _spin_cycles_per_us()
+        return int(spin_us * self._cycles_per_us)
 
     def collect_us(self) -> list[float]:
         """Durations of the CUDA kernels queued since the last call (waits for them)."""
@@ -148,6 +177,17 @@ class _Clock:
         durations = [start.elapsed_time(end) * 1e3 for start, end in self._pending]
         self._pending = []
         return durations
+
+
+def _spin_cycles_per_us() -> float:
+    """How many cycles of torch.cuda._sleep the GPU spins per microsecond (timed once)."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / max(start.elapsed_time(end) * 1e3, 1.0)
 
 
 class TraceRecorder(WalkListener):

@@ -223,3 +223,14 @@ def test_batches_from_dataloader_workers_follow_the_plan_on_cuda(tmp_path):
     report = load_report(tmp_path / "run.json")
     assert report.guard_trips == 0 and report.plan_pauses == 0
     assert report.iterations_on_plan == report.iterations - 2
+
+
+def test_a_short_kernel_jobs_trace_holds_the_gpus_time_not_the_launches(tmp_path):
+    """Note [Kernel time on a held stream] in teraio_profile/recorder.py: the example's small
+    default model runs kernels of a few us, so its plain step is mostly launches; the trace's
+    kernel times must not add the profiled run's launch time (before: ~2x the plain step)."""
+    plain = run(EXAMPLE, *ARGS, "--steps", "8", cwd=tmp_path).stdout
+    step_ms = float(plain.split("median_step_ms ")[1].split()[0])
+    run("-m", "teraio", "profile", "-o", tmp_path / "t.msgpack", "--", sys.executable, EXAMPLE, *ARGS, cwd=tmp_path)
+    kernel_ms = float(load_trace(tmp_path / "t.msgpack").duration_us.sum()) / 1e3
+    assert 0 < kernel_ms <= 1.1 * step_ms, (kernel_ms, step_ms)
