@@ -17,7 +17,30 @@ tensors and refuses, or writes garbage). So:
   through clone) size the copy with nbytes() before any op runs, which reads 0 for a storage
   moved out: they bring that storage back first, and nothing leaves until the copy returns
   (it may leave again later);
+- Tensor.tolist (on the CPU it reads the storage through its pointer: "tolist() shouldn't be
+  called on a tensor with unallocated storage"), Tensor.__repr__ (it runs its ops with the
+  dispatch modes off: the walk sees none of them, "out of bounds for storage of size 0") and
+  a storage's copy_ (it compares nbytes() before any op runs) bring their storages back and
+  hold them until they return (READ_HELD, Note [Raw reads]);
+- a storage's element reads (tolist, iteration and bytes(), indexing, repr) bring it back,
+  hold it and run outside the walk (Note [Raw reads]); a storage slice, which aliases the
+  memory, and torch.to_dlpack pin it like the exports;
+- torch.save of a storage itself (pickle.dumps of a tensor pickles its storage so) holds it;
 - anything else calls `teraio.resident()` around its raw reads.
+
+Note [Raw reads]
+A storage moved out is resized to 0: its nbytes(), len() and size() read 0, so a storage's
+tolist(), bytes() or repr() gave an empty list, indexing raised IndexError and copy_ failed
+"size does not match". A storage's element reads also run four ATen ops per byte (empty,
+set_, select, _local_scalar_dense, in C++), each through the walk's Python mode: 133k ops for
+a 16 KiB storage, much slower than plain, and all of them kernels of the profiled iteration.
+So a raw read brings its storages back first (BudgetKeeper.held_for_copy: nothing leaves
+until it returns), and the element reads run with the dispatch modes off, in the profile
+(no agent to bring anything back) as in the run, so both see the same op stream. The
+wrappers act only while the walk's mode is on the dispatch stack: the runtime's own copies
+(a replay's, torch.load's storages swapped) run with it off and must not be held again.
+nbytes(), size() and data_ptr() themselves are left alone: the runtime and PyTorch call them
+everywhere, and 0 is how a moved storage is told.
 The CPU storages torch.load makes are marked as it makes them (LOADED_MARK): their memory is
 torch.load's, not the allocator's, and the runtime moves only marked ones into storages of the
 allocator's before it frees them (Note [Storages torch.load made] in teraio_run/budget.py).
@@ -26,7 +49,8 @@ cost one list lookup when no runtime agent is active (plain runs, `teraio profil
 """
 
 import functools
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
+from types import SimpleNamespace
 
 # module -> {attribute ("Class.method" for methods): where its tensors are} for savers that
 # read moved tensors from the tiers: pickled (torch.save), the first argument (a dict of
@@ -46,6 +70,15 @@ SAVERS = {
 }
 EXPORTS = ("numpy", "__dlpack__")   # Tensor methods that hand out a pointer
 STORAGE_COPIES = ("clone", "cpu")   # UntypedStorage methods that size a copy before any op runs
+# Tensor methods that read their storage through its pointer once, no pointer kept: held.
+# __repr__ (str, format, print) runs its ops with the dispatch modes off (torch/_tensor_str.py):
+# the walk sees none of them, and its tolist() met the storage moved out
+READ_HELD = ("tolist", "__repr__")
+# storage methods that read it element by element (four ATen ops per byte): held, outside the walk
+ELEMENT_READS = ("tolist", "__getitem__", "__repr__", "__str__")
+# storage methods that return a lazy iterator of element reads: read at once, held, outside the walk
+ELEMENT_ITERATORS = ("__iter__",)
+POINTER_EXPORTS = ("to_dlpack",)   # torch and torch.utils.dlpack functions that hand out a pointer
 WRAPPED_MARK = "__teraio_wrapped__"
 # on the CPU storages torch.load made (Note [Storages torch.load made] in teraio_run/budget.py):
 # an attribute of the storage's Python object, which PyTorch keeps as long as the storage lives
@@ -97,7 +130,10 @@ def _from_tiers(where: str):
             if saving is None or (where == "state_dict" and len(args) > 2):
                 with resident():
                     return fn(*args, **kwargs)
-            with saving() as reads:
+            # a storage pickled itself (pickle.dumps of a tensor: a storage's __reduce__ calls
+            # torch.save on it): its sizes are read before its bytes, and no stand-in replaces it
+            storage = _untyped(args[0] if args else kwargs.get("obj")) if where == "pickled" else None
+            with _held_for_read(storage), saving() as reads:
                 if where == "dict" and args:
                     args = (reads.stand_ins(args[0]), *args[1:])
                 elif where == "dict" and "tensors" in kwargs:
@@ -156,6 +192,109 @@ def _agent_around(method: str):
     return wrapper
 
 
+def _walk_mode_on() -> bool:
+    """Whether the job's code is running under the walk's mode (Note [Raw reads]): the runtime's
+    own work runs with the modes off and is no raw read of the job's."""
+    import torch
+
+    from teraio.walk import _active_walk
+
+    return _active_walk() is not None and torch._C._len_torch_dispatch_stack() > 0
+
+
+def _untyped(obj):
+    """The UntypedStorage behind a storage (a TypedStorage's), or None for anything else."""
+    import torch
+
+    if isinstance(obj, torch.TypedStorage):
+        return obj._untyped_storage
+    return obj if isinstance(obj, torch.UntypedStorage) else None
+
+
+@contextmanager
+def _held_for_read(*storages):
+    """Note [Raw reads]: these storages back on the device and none leaving until the block
+    ends (BudgetKeeper.held_for_copy); nothing without an agent or outside the walk's mode."""
+    hold = getattr(_listener(), "held_for_copy", None)
+    with ExitStack() as stack:
+        if hold is not None and _walk_mode_on():
+            for storage in storages:
+                if storage is not None:
+                    stack.enter_context(hold(storage))
+        yield
+
+
+def _tensor_read(fn):
+    """Tensor.tolist or __repr__: its storage held while it reads it (Note [Raw reads])."""
+    @functools.wraps(fn)
+    def call_held(tensor, *args, **kwargs):
+        with _held_for_read(tensor.untyped_storage()):
+            return fn(tensor, *args, **kwargs)
+
+    setattr(call_held, WRAPPED_MARK, True)
+    return call_held
+
+
+def _storage_copy(fn):
+    """UntypedStorage.copy_: both storages held, their sizes compared before any op runs."""
+    @functools.wraps(fn)
+    def call_held(storage, source, *args, **kwargs):
+        with _held_for_read(storage, _untyped(source)):
+            return fn(storage, source, *args, **kwargs)
+
+    setattr(call_held, WRAPPED_MARK, True)
+    return call_held
+
+
+def _element_read(materialize: bool):
+    """A storage's element reads: held and outside the walk (Note [Raw reads]). With
+    `materialize` the call returns a lazy iterator, read to its end inside the hold (a storage's
+    bytes as they are when the iteration starts: plainly they are read as it goes)."""
+    def wrapper(fn):
+        @functools.wraps(fn)
+        def call_outside_walk(storage, *args, **kwargs):
+            if not _walk_mode_on():   # no walk, or nested in one of ours (the modes are off)
+                return fn(storage, *args, **kwargs)
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            untyped = _untyped(storage)
+            with _held_for_read(untyped), _disable_current_modes():
+                if args and isinstance(args[0], slice):
+                    _pin(untyped)   # the slice aliases this storage's memory for as long as it lives
+                result = fn(storage, *args, **kwargs)
+                return iter(list(result)) if materialize else result
+
+        setattr(call_outside_walk, WRAPPED_MARK, True)
+        return call_outside_walk
+    return wrapper
+
+
+def _pin(storage) -> None:
+    """The storage back and never moved again (pin_for_raw_read takes what untyped_storage() gives)."""
+    pin = getattr(_listener(), "pin_for_raw_read", None)
+    if pin is not None:
+        pin(SimpleNamespace(untyped_storage=lambda: storage))
+
+
+def _wrap_raw_reads(torch) -> None:
+    """Tensor's and the storages' raw reads (Note [Raw reads]) and the pointer exports."""
+    for attr in EXPORTS:
+        _wrap(torch.Tensor, attr, _agent_first("pin_for_raw_read"))
+    for module in (torch, torch.utils.dlpack):
+        for attr in POINTER_EXPORTS:   # torch._C._to_dlpack: no Tensor method on the way
+            _wrap(module, attr, _agent_first("pin_for_raw_read"))
+    for attr in READ_HELD:
+        _wrap(torch.Tensor, attr, _tensor_read)
+    for attr in STORAGE_COPIES:
+        _wrap(torch.UntypedStorage, attr, _agent_around("held_for_copy"))
+    _wrap(torch.UntypedStorage, "copy_", _storage_copy)
+    for owner in (torch.UntypedStorage, torch.TypedStorage):
+        for attr in ELEMENT_READS:
+            _wrap(owner, attr, _element_read(materialize=False))
+        for attr in ELEMENT_ITERATORS:
+            _wrap(owner, attr, _element_read(materialize=True))
+
+
 _marking_loads = False
 
 
@@ -199,8 +338,8 @@ def _mark_loads(serialization) -> None:
 
 
 def wrap_module(module) -> None:
-    """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and with torch Tensor's
-    exports, the storage copies and torch.load's storages (marked)."""
+    """Wrap the savers of a just-imported module (TIER_SAVERS, SAVERS), and with torch the raw
+    reads of tensors and storages (Note [Raw reads]) and torch.load's storages (marked)."""
     savers = {path: _from_tiers(where) for path, where in TIER_SAVERS.get(module.__name__, {}).items()}
     savers.update((path, _held) for path in SAVERS.get(module.__name__, ()))
     for path, wrapper in savers.items():
@@ -208,10 +347,7 @@ def wrap_module(module) -> None:
         owner = getattr(module, owner_path) if owner_path else module
         _wrap(owner, attr, wrapper)
     if module.__name__ == "torch":
-        for attr in EXPORTS:
-            _wrap(module.Tensor, attr, _agent_first("pin_for_raw_read"))
-        for attr in STORAGE_COPIES:
-            _wrap(module.UntypedStorage, attr, _agent_around("held_for_copy"))
+        _wrap_raw_reads(module)
         _mark_loads(module.serialization)
 
 
