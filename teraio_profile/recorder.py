@@ -83,6 +83,7 @@ stays unknown: profile past the batches that take it (--warmup, --iterations).
 
 import gc
 import time
+from collections import deque
 import weakref
 from collections import Counter
 from types import SimpleNamespace
@@ -125,17 +126,20 @@ class _Clock:
     start event runs at once and the interval holds the host's launch time too: a 1B job of
     2,682 kernels stepping in 48.7 ms plainly on the H200 traced 95.3 ms of "kernels". So before
     the start event the clock holds the stream with a spin kernel (torch.cuda._sleep) longer than
-    the op's call took on the host the last time: the op's kernels are all queued when the start
-    event runs, and the interval is the GPU's own time in them. The spins add GPU time to the
+    any of the last SPIN_WINDOW ops' calls took on the host: the op's kernels are all queued when
+    the start event runs, and the interval is the GPU's own time in them. (Two times the last
+    op's call alone was too short: a view's call before a matmul's left 75-91 ms traced for that
+    job, and two profiles disagreed by 20%.) The spins add GPU time to the
     recorded iterations only (the warm-up ones that scale kernel times, Note [Kernel time under
     the profiler], run without them); where the queue is full anyway (long kernels) they hide
     behind it. An op that waits for the GPU inside its call (a copy to the host, .item()) still
     times the wait, as before.
     """
 
-    SPIN_OVER_CALL = 2.0      # the spin lasts this many times the op's last host call ...
-    MIN_SPIN_US = 20.0        # ... and at least this long (a launch is ~5-10 us)
-    MAX_SPIN_US = 5000.0      # ... and at most this (an op whose call waited for the GPU)
+    SPIN_OVER_CALL = 3.0      # the spin lasts this many times the longest of the last calls ...
+    SPIN_WINDOW = 64          # ... of this many ops ...
+    MIN_SPIN_US = 50.0        # ... and at least this long (a launch is ~5-10 us) ...
+    MAX_SPIN_US = 3000.0      # ... and at most this (calls that waited for the GPU count as this)
 
     def __init__(self, device_type: str):
         self.cuda = device_type == "cuda"
@@ -143,7 +147,7 @@ class _Clock:
         self._start = None
         self.last_us: float | None = None   # the last op's duration (CPU only)
         self._call_t0 = 0
-        self._call_us = self.MIN_SPIN_US    # the last op's host call (CUDA)
+        self._calls_us: deque[float] = deque(maxlen=self.SPIN_WINDOW)  # the last ops' host calls (CUDA)
         self._cycles_per_us: float | None = None
 
     def start(self) -> None:
@@ -159,12 +163,13 @@ class _Clock:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending.append((self._start, end))
-            self._call_us = call_us
+            self._calls_us.append(min(call_us, self.MAX_SPIN_US))
         else:
             self.last_us = call_us
 
     def _spin_cycles(self) -> int:
-        spin_us = min(max(self.SPIN_OVER_CALL * self._call_us, self.MIN_SPIN_US), self.MAX_SPIN_US)
+        longest_us = max(self._calls_us, default=0.0)
+        spin_us = min(max(self.SPIN_OVER_CALL * longest_us, self.MIN_SPIN_US), self.MAX_SPIN_US)
         if self._cycles_per_us is None:
             self._cycles_per_us = _spin_cycles_per_us()
         return int(spin_us * self._cycles_per_us)
