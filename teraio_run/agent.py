@@ -37,6 +37,21 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   entries' nbytes, once: if one differs the plan is refused for the rest of the run, said in
   one line naming it (a guard trip; --strict stops the job), and the job runs unplanned.
   Nothing is added to the per-op path.
+- Gradients of a step with a closure: the walk names a storage by owner (`<param>.grad`) once
+  an optimizer step's hook meets it alive in a later iteration than it was born in; one born
+  in the running iteration keeps its birth name, the name the runtime meets it by at its
+  birth op. A plain loop frees its gradients (zero_grad, set_to_none) before the next step
+  begins, so the trace names them by birth too. `optimizer.step(closure)` whose closure calls
+  zero_grad (LBFGS, Lightning's automatic optimization) frees them only inside the next step,
+  after its pre-hook has named them by owner: the profiler writes the trace after that, so
+  the plan's gradient entries say `<param>.grad` for a storage that the run, in the iteration
+  of the entries, knows only by its birth name. Every one of them found no tensor (4-8 plan
+  ids missing per iteration in a user's trial, said as if the job had replaced tensors). So
+  at each iteration end the agent looks at the gradients alive: one whose owner name the
+  plan uses and whose birth name it does not, of the size the plan says, gives an alias, and
+  a storage born under that birth name in a later iteration is found under the owner name
+  too (the guard keeps the op stream the traced one, so the birth name is the same op's
+  output). A dict lookup per new storage, only in jobs that have such aliases.
 Unplanned stretches stay within budget by on-demand eviction of the least recently used
 tensors (teraio_run/budget.py). Neither path can corrupt training: every op's inputs are made resident first
 (ensure_resident). Reads that bypass ATen (safetensors, numpy, DLPack) go through
@@ -93,6 +108,9 @@ class RunAgent(WalkListener):
         self.expected: list[int] | None = None   # the trace's signature per kernel, once learned
         self.paused_at = -1                      # kernel where this iteration left the plan
         self.by_id = {}
+        # Note [When the plan is followed], Gradients of a step with a closure
+        self.plan_ids = frozenset(entry.tensor for entry in plan.entries)
+        self.born_as: dict[str, str] = {}   # a gradient's birth name -> the plan's owner name for it
         self.signatures: list[int] = []          # this iteration's, until `expected` is learned
         self.iterations_on_plan = 0
         self.guard_trips = 0
@@ -138,8 +156,11 @@ class RunAgent(WalkListener):
     def after_op(self, k, func, inputs, new, signature):
         if self.expected is None:
             self.signatures.append(signature)
+        by_id, born_as = self.by_id, self.born_as
         for record in new:
-            self.by_id[record.id] = record
+            by_id[record.id] = record
+            if born_as and (alias := born_as.get(record.id)) is not None:
+                by_id[alias] = record   # Note [When the plan is followed], Gradients of a step with a closure
         if new and makes_uninitialized(func):
             self.keeper.hold_unwritten(new)  # before the plan's offloads after this op
         if self.following:
@@ -266,6 +287,16 @@ class RunAgent(WalkListener):
     def _tidy(self) -> None:
         self.keeper.forget(self.walk.forget_expired())
         self.by_id = {r.id: r for r in self.walk.records.values()}
+        self._learn_gradient_aliases()
+
+    def _learn_gradient_aliases(self) -> None:
+        """Note [When the plan is followed], Gradients of a step with a closure: the gradients
+        alive at this boundary that the plan names by owner and the run by birth."""
+        plan_ids, planned = self.plan_ids, self.planned_nbytes
+        for record in self.walk.records.values():
+            if (record.kind == Kind.gradient and record.id != record.name and record.name in plan_ids
+                    and record.id not in plan_ids and planned.get(record.name, (None, -1))[1] == record.nbytes):
+                self.born_as[record.id] = record.name
 
     def _refuse(self, digest: str, num_kernels: int) -> None:
         """The iteration that was profiled does not match: the plan was made for another job."""
