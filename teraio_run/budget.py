@@ -8,6 +8,7 @@ The runtime uses it under a plan (teraio_run/agent.py) and the profiler uses it 
 a job that does not fit its device (teraio_run/capped_profile.py).
 """
 
+import sys
 import time
 from collections import OrderedDict
 from itertools import compress
@@ -29,6 +30,46 @@ EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budge
                       # room for the next op's outputs (on CUDA the cap is hard)
 
 
+_rng_keeper = [None]   # a weak reference to the keeper whose storages set_rng_state may read
+
+
+def _hold_rng_state_reads(keeper) -> None:
+    """Note [RNG states are read raw]
+    torch.set_rng_state(state) hands the tensor to the CPU generator, which reads its bytes
+    through their pointer, no ATen op on the way: a state the keeper had moved out read as
+    unallocated ("The tensor has a non-zero number of elements, but its data is not allocated
+    yet"). A resumed job's torch.load'ed RNG state is kind `other`, movable as torch.load's
+    (Note [Storages torch.load made]), and once the storages the job made moved too (Note
+    [Storages the job made]) the eviction order reached it before the script set it
+    (tests/test_resume.py). So on the CPU (on CUDA the state is a host tensor the walk never
+    records, and torch.cuda.set_rng_state clones it with an op first) the call holds its
+    storage as a storage copy does (Note [Held for a copy]). Generator.set_state called
+    directly cannot be wrapped (a C type) and is not held: such a state goes inside
+    `teraio.resident()`. Belongs with the other raw reads in teraio/raw_access.py."""
+    import functools
+    import weakref
+
+    import torch.random
+
+    _rng_keeper[0] = weakref.ref(keeper)
+    plain = torch.random.set_rng_state
+    if getattr(plain, "__teraio_held__", False):
+        return
+
+    @functools.wraps(plain)
+    def set_rng_state(new_state):
+        holder = _rng_keeper[0]() if _rng_keeper[0] is not None else None
+        if holder is None or not isinstance(new_state, torch.Tensor):
+            return plain(new_state)
+        with holder.held_for_copy(new_state.untyped_storage()):
+            return plain(new_state)
+
+    set_rng_state.__teraio_held__ = True
+    for module in (torch, torch.random):
+        if module.set_rng_state is plain:
+            module.set_rng_state = set_rng_state
+
+
 class BudgetKeeper:
     def __init__(self, engine, walk, budget_bytes: int, cuda: bool):
         self.engine = engine
@@ -42,6 +83,9 @@ class BudgetKeeper:
         self.grew = False                    # a prefetch or restore since the last budget check
         self._ddp = None                     # whether the model is wrapped in DDP, known at the first gradient
         self.unwritten: set[int] = set()     # storages allocated without a write, not yet an op's input
+        # Note [Storages the job made]: the records of storages first met as an op's output, by key
+        self.made_by_op: dict[int, object] = {}
+        self.said_over_budget = False        # Note [Over the budget, said once]
         # Note [Bounding the check]: resident bytes at the last exact count, and the running
         # totals of bytes made and brought back then
         self._resident_at_count = 0
@@ -56,6 +100,7 @@ class BudgetKeeper:
         if not cuda:  # on CUDA the allocator counts
             self._watch(list(walk.records.values()))
             walk.births = []   # the walk's new records, taken at each count
+            _hold_rng_state_reads(self)
 
     # ----- per op ---------------------------------------------------------------------------
     def restore_inputs(self, inputs, cause: str) -> bool:
@@ -99,8 +144,11 @@ class BudgetKeeper:
         self.unwritten.update(record.key for record in new)
 
     def after_op(self, inputs, new) -> None:
+        recency, made = self.recency, self.made_by_op
         for record in new:
-            self.recency[record.key] = None
+            if record.key not in recency:   # first met here, as this op's output
+                made[record.key] = record
+            recency[record.key] = None
         if new or self.grew:  # else resident memory cannot have grown since the last check
             self.grew = False
             self._keep_budget(inputs + new)
@@ -127,8 +175,9 @@ class BudgetKeeper:
         """Why a storage may not leave the device (movable), or None: one of REFUSALS' keys."""
         if record.pinned:
             return "pinned"
-        if kind not in MOVABLE_KINDS and not (kind == Kind.other and made_by_load(record.storage())):
-            return "kind"   # unless torch.load made it: Note [Storages torch.load made]
+        if kind not in MOVABLE_KINDS and not (kind == Kind.other and (self._made_by_op(record)
+                                                                      or made_by_load(record.storage()))):
+            return "kind"   # unless an op made it or torch.load did: Notes [Storages the job made], [... torch.load made]
         if record.in_collective():
             return "collective"
         if record.key in self.unwritten:
@@ -141,6 +190,36 @@ class BudgetKeeper:
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
         return "ddp_gradient" if kind == Kind.gradient and self._ddp else None
+
+    def _made_by_op(self, record) -> bool:
+        """Note [Storages the job made]
+        Kind `other` is what the walk cannot name: a copy the script keeps (copy.deepcopy of the
+        optimizer's state_dict as an in-memory checkpoint, an EMA of the weights that no module
+        of the model holds, timm's ModelEmaV3 before its first forward), module buffers, the
+        step's and the backward's temporaries, and communication buffers. It used to stay on the
+        device whatever the budget: a job keeping two snapshots of its AdamW state went 41% over
+        its budget, one with an EMA 14% over, and the keeper had nothing to evict. What kept
+        `other` in place is the communication buffers (Note [Collective buffers] in
+        teraio/walk.py): DDP's buckets and FSDP2's all-gather and reduce-scatter buffers are read
+        and written by communication threads, where no dispatch mode runs, so a bucket moved out
+        would be written through a dangling pointer; those that a collective took without a Work
+        to wait for are pinned, the others only marked `other`. Everything else the walk leaves
+        unnamed is reached by ops alone, like an activation, and the invariant (every input back
+        before its op; raw reads brought back by teraio/raw_access.py) makes moving it exact.
+        So a storage of kind `other` may move when (1) the walk met it first as an op's output
+        (after_op's `new`, not yet in the LRU order): it was made by this thread under the walk,
+        by the op itself or just before it (a deepcopy's storage, met at its set_), never one
+        made by another thread or outside ATen and met first as an input (a DataLoader pin
+        thread's batch, a background checkpoint's staging copy, whose thread may still read it
+        without the walk seeing), and (2) no process group is initialized: under
+        torch.distributed the buffers above are `other` too and cannot be told apart, so every
+        `other` stays there (a known limit: an EMA or a snapshot under DDP or FSDP2 stays on
+        the device, as before). Pinned, shared, not resizable, unwritten and in-collective
+        storages are still refused first (refusal), whatever their kind. Kept by record, not
+        by key: a key is reused once the walk has dropped a dead record."""
+        if self.made_by_op.get(record.key) is not record:
+            return False
+        return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
     def _own_loaded(self, storage) -> bool:
         """Note [Storages torch.load made]
@@ -161,7 +240,8 @@ class BudgetKeeper:
         Until the job's first step the walk cannot name loaded optimizer state (it learns of an
         optimizer at its step, and of parameter names at the model's first call), and what the
         script keeps of its checkpoint (the loaded dict's weights, copied into the model) it
-        never names: kind `other`, which never moves, so the whole loaded state stayed from the load on (1.03
+        never names: kind `other`, which moves only when an op the walk saw made it (Note [Storages
+        the job made]; torch.load made these outside ATen), so the whole loaded state stayed from the load on (1.03
         MiB of a 592 KiB budget in tests/test_resume.py, before the first forward). A storage
         torch.load made is the job's own state, read by ops and by the savers we guard like a
         parameter, never a buffer that threads use outside ops (what keeps `other` in place:
@@ -278,8 +358,38 @@ class BudgetKeeper:
             resident = self._wait_for_offloads()
         if resident > self.budget_bytes > 0 and not self.holds:
             resident = self._evict(resident, {r.key for r in in_use})
+        if resident > self.budget_bytes > 0 and not self.holds and not self.said_over_budget:
+            self._say_over_budget(resident, in_use)
         self.peak_bytes = max(self.peak_bytes, resident)
         self.iteration_peak_bytes = max(self.iteration_peak_bytes, resident)
+
+    def _say_over_budget(self, resident: int, in_use) -> None:
+        """Note [Over the budget, said once]: evicting what may move did not bring the device
+        within its budget. Said once, at the first such op, naming what held the memory: the op's
+        own inputs and outputs (the most one op needs at once: a foreach op over an EMA's every
+        tensor) and what never moves, by reason (Note [Refused plan actions] in
+        teraio_run/metrics.py). The report counts it in the peak it gives against the budget
+        (peak_device_bytes, and resident_peak_bytes per iteration)."""
+        from teraio.units import format_bytes
+
+        self.said_over_budget = True
+        moved, own, kept = self.engine.moved, {r.key for r in in_use}, {}
+        own_bytes = sum(r.nbytes for r in in_use if r.key not in moved and not r.ref.expired())
+        for record in self.walk.records.values():
+            if record.key in own or record.key in moved or record.ref.expired():
+                continue
+            reason = self.refusal(record, record.kind)
+            if reason is not None:
+                kept[reason] = kept.get(reason, 0) + record.nbytes
+        largest = max((r for r in in_use if r.key not in moved), key=lambda r: r.nbytes, default=None)
+        never = ", ".join(f"{why} {format_bytes(n)}" for why, n in sorted(kept.items(), key=lambda kv: -kv[1]))
+        print(f"teraio: warning: the device holds {format_bytes(resident)}, over its budget of "
+              f"{format_bytes(self.budget_bytes)}, after kernel {self.walk.kernel - 1} of iteration "
+              f"{self.walk.iteration}: that op's own tensors take {format_bytes(own_bytes)}"
+              + (f" (the largest {largest.id}, {format_bytes(largest.nbytes)})" if largest is not None else "")
+              + (f" and storages that may not move {format_bytes(sum(kept.values()))} ({never})" if kept else "")
+              + "; said once, the report's peak says by how much (a larger --gpu-mem, or smaller ops)",
+              file=sys.stderr)
 
     def take_iteration_peak(self) -> int:
         """The most resident bytes counted since the last call (the run report's per-iteration
@@ -312,6 +422,8 @@ class BudgetKeeper:
             record = records.get(key)
             if record is None or record.ref.expired():
                 leaving.append(key)  # freed by the job: it leaves the order too
+                if record is not None and self.made_by_op.get(key) is record:
+                    del self.made_by_op[key]
                 continue
             if key in protected or key in moved or not self.movable(record, record.kind):
                 continue
@@ -357,9 +469,12 @@ class BudgetKeeper:
     def forget(self, dead) -> None:
         """Storages freed by the job (records the walk dropped)."""
         self.engine.forget_dead([r.key for r in dead])
+        made = self.made_by_op
         for record in dead:
             self.recency.pop(record.key, None)
             self.unwritten.discard(record.key)
+            if made.get(record.key) is record:
+                del made[record.key]
 
     # ----- raw reads ------------------------------------------------------------------------
     @contextmanager
@@ -377,21 +492,28 @@ class BudgetKeeper:
 
     @contextmanager
     def held_for_copy(self, storage):
-        """A copy of this storage sized by its nbytes() before any op runs (teraio/raw_access.py:
-        a clone, a cpu copy): it comes back first, and nothing leaves until the copy returns. The
-        copy runs ops of its own (an empty storage, a set_, the copy), and the budget check after
-        one of them sent the storage out again before the copy read it (copy.deepcopy of a state
-        dict failed, "size of tensor a (65536) must match the size of tensor b (0)"). It may
-        leave again afterwards."""
+        """Note [Held for a copy]
+        A copy of this storage sized by its nbytes() before any op runs (teraio/raw_access.py:
+        a clone, a cpu copy, a storage's copy_): it comes back first, and it does not leave until
+        the copy returns. The copy runs ops of its own (an empty storage, a set_, the copy), and
+        the budget check after one of them sent the storage out again before the copy read it
+        (copy.deepcopy of a state dict failed, "size of tensor a (65536) must match the size of
+        tensor b (0)"). Only the held storages stay (the engine refuses to offload them, for the
+        plan and for an eviction alike): the hold used to stop every eviction, and copy.deepcopy
+        of a state dict runs all its ops inside holds (one per tensor, nested in the storage's
+        copy_), so a snapshot of the optimizer's state grew the device by its whole size before
+        the keeper could evict anything (tests/test_unnamed_copies.py). It may leave again
+        afterwards."""
         record = self.walk.records.get(storage._cdata)
         if record is not None:
             with _disable_current_modes():
                 self.engine.ensure_resident(record, "raw_read")
-        self.holds += 1
+        key = storage._cdata
+        self.engine.hold(key)
         try:
             yield
         finally:
-            self.holds -= 1
+            self.engine.unhold(key)
 
     def pin_for_raw_read(self, tensor) -> None:
         """A raw pointer to this storage leaves PyTorch (Tensor.numpy, DLPack) and may be read

@@ -182,6 +182,7 @@ class MigrationEngine:
         self._out_order: dict[str, deque[int]] = {"host": deque(), "ssd": deque()}
         self.in_flight: deque[Transfer] = deque()  # every copy, until measured (oldest first)
         self.died: list[tuple[int, weakref.ref]] = []  # freed by the job while out (Note [Died while out])
+        self.held: dict[int, int] = {}  # storage key -> open raw reads of it: it does not leave (Note [Held for a copy])
         self.meter = PathMeter()
 
     # ----- the correctness path ------------------------------------------------------------
@@ -204,6 +205,15 @@ class MigrationEngine:
         waited = time.perf_counter() - t0
         self.stats.stall(cause, record.id, waited)
 
+    def hold(self, key: int) -> None:
+        """Note [Held for a copy] in teraio_run/budget.py: this storage stays until unhold."""
+        self.held[key] = self.held.get(key, 0) + 1
+
+    def unhold(self, key: int) -> None:
+        left = self.held.pop(key) - 1
+        if left:
+            self.held[key] = left
+
     def _cancel_offload(self, record, moved: Moved) -> None:
         """The op stream touched a tensor we were copying out (the plan did not foresee it):
         keep it on the device and drop the copy; the data was never released."""
@@ -216,7 +226,7 @@ class MigrationEngine:
     # ----- plan actions --------------------------------------------------------------------
     def offload(self, record, tier_name: str) -> bool:
         """Start moving a storage out (the caller decided it may move); False if it cannot."""
-        if record.key in self.moved:
+        if record.key in self.moved or record.key in self.held:
             return False
         storage = record.storage()
         if storage is None or storage.nbytes() == 0 or not storage.resizable():
