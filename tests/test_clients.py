@@ -264,3 +264,13 @@ def test_a_job_that_saves_within_its_cycle_follows_its_plan(tmp_path):
     assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
     assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
     assert report.guard_trips == 0 and report.iterations_on_plan >= 3
+
+
+def test_batches_drawn_with_pythons_random_after_the_seed_are_the_plain_runs(tmp_path):
+    """Note [The job's random draws] in teraio/app/bootstrap/trigger.py: the agent's start
+    drew from Python's generator (an import inside the job), so every shuffle differed."""
+    plan = profile_and_plan(tmp_path, "python_shuffle.py", "--out", tmp_path / "profiled.json")
+    _, report = run_planned(tmp_path, plan, "python_shuffle.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "python_shuffle.py", "--out", tmp_path / "plain.json")
+    assert sum(report.offloaded_bytes.values()) > 0
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())

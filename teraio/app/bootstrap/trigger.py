@@ -1,7 +1,10 @@
 """The mode that starts the agent at the job's first op on the plan's device (Note [Lazy start]
 in teraio/app/bootstrap/__init__.py)."""
 
+import random
+import sys
 import threading
+from contextlib import contextmanager
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -21,6 +24,23 @@ def touches_device(device_type: str, args, kwargs) -> bool:
         return device is None and device_type == "cpu"
     return any(t.device.type == device_type for t in tensors)
 
+
+
+@contextmanager
+def _job_draws_kept():
+    """Note [The job's random draws]: the agent starts inside the job, after its script seeded
+    Python's and numpy's global generators, and what it imports then may draw from them (rich's
+    style module draws 24 bits from `random` as it loads): a script shuffling its samples with
+    `random` then trained on other batches than plainly. Their states are put back as they were."""
+    python_state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
 
 class StartOnFirstOp(TorchDispatchMode):
     """Starts the agent right before the first op on the plan's device, then steps aside."""
@@ -63,7 +83,7 @@ class StartOnFirstOp(TorchDispatchMode):
             return
         # The first op may run under no_grad, inference_mode or a `with torch.device(...)`
         # block: the agent's own tensors (its host pool) must not be made under them.
-        with torch.inference_mode(False), torch.enable_grad(), torch._C.DisableTorchFunction():
+        with torch.inference_mode(False), torch.enable_grad(), torch._C.DisableTorchFunction(), _job_draws_kept():
             agent = start_guarded(self.settings)
         walk = getattr(agent, "walk", None)
         from teraio.walk import _active_walk
