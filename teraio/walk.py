@@ -331,15 +331,28 @@ def op_signatures(func, out_tensors: list) -> tuple[int, int]:
 
 
 _written: dict = {}
+# Ops that write arguments their schema does not mark `Tensor(a!)`: the batch norms update the
+# running statistics in place when training (native_batch_norm is what BatchNorm2d runs on the
+# CPU and, as cudnn_batch_norm, on CUDA). Unmarked, a clean release dropped the update (the
+# statistics of a checkpoint and of evaluation were a step-0 copy's) and a replay of the op
+# would have updated them twice. Counted as written whether training or not: a copy too many
+# costs bytes, a write missed costs values.
+UNMARKED_WRITES = {
+    name: ("running_mean", "running_var")
+    for name in ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm",
+                 "aten::_batch_norm_impl_index", "aten::batch_norm_update_stats")
+}
 
 
 def written_arguments(func) -> tuple[tuple[int, str], ...]:
     """(position, name) of each argument the op writes in place, `Tensor(a!)` in its schema
-    (`out=` arguments too): Note [Writes]."""
+    (`out=` arguments too) or in UNMARKED_WRITES: Note [Writes]."""
     found = _written.get(func)
     if found is None:
+        unmarked = UNMARKED_WRITES.get(func._schema.name, ())
         found = _written[func] = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
-                                       if arg.alias_info is not None and arg.alias_info.is_write)
+                                       if (arg.alias_info is not None and arg.alias_info.is_write)
+                                       or arg.name in unmarked)
     return found
 
 

@@ -64,6 +64,10 @@ RANDOM_OPS = ("dropout", "native_dropout", "bernoulli", "rand", "randn", "randin
               "lstm", "gru")
 NONDETERMINISTIC_OPS = ("index_add", "scatter_add", "index_put", "embedding_dense_backward", "_scaled_dot_product",
                         "attention")
+# Ops that write running statistics their schema does not mark (UNMARKED_WRITES in teraio/walk.py):
+# a replay would update them twice. Traces since the walk counts those writes exclude them anyway.
+STATEFUL_OPS = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_impl_index",
+                "batch_norm_update_stats")
 # Link time saved per replay time: the sets make.py plans and compares (Note [Choosing recomputation]).
 RATIO_THRESHOLDS = (20.0, 5.0, 2.0)
 
@@ -87,7 +91,7 @@ class Candidate:
 def replayable_op(op: str) -> bool:
     """The op can run again and give the same bytes, as far as its name tells."""
     base = op.removeprefix("aten.").split(".")[0]
-    if base.endswith("_"):   # in place: add_, aten.add_.Tensor
+    if base.endswith("_") or base in STATEFUL_OPS:   # in place (add_, aten.add_.Tensor), or state written
         return False
     return not any(word in op for word in RANDOM_OPS + NONDETERMINISTIC_OPS)
 

@@ -151,3 +151,19 @@ def test_optimizers_stepped_inside_backward_are_named_with_the_flag_to_give(tmp_
                      CLIENTS / "optimizer_in_backward.py", "--out", tmp_path / "p6.json", cwd=tmp_path))
     assert "different op sequences" not in proc.stderr
     assert {"parameter", "gradient", "optimizer_state"} <= {Kind(k).name for k in load_trace(tmp_path / "t6.msgpack").kind}
+
+
+def test_batchnorm_statistics_leave_clean_only_while_unwritten(tmp_path):
+    """native_batch_norm writes the running statistics without a `Tensor(a!)` in its schema:
+    planned by `teraio plan` as clean entries, their updates were dropped from step 1 on (a
+    checkpoint's and evaluation's statistics were the first step's), the losses still equal."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "bn_stats.py",
+              "--out", tmp_path / "profiled.json", cwd=tmp_path))
+    peak = int(live_bytes_per_kernel(load_trace(tmp_path / "t.msgpack")).max())
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", int(peak * 0.6), "--ssds", 0, "--host-mem", "1GiB",
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    _, report = run_planned(tmp_path, tmp_path / "plan.json", "bn_stats.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "bn_stats.py", "--out", tmp_path / "plain.json")
+    planned, plain = (json.loads((tmp_path / name).read_text()) for name in ("planned.json", "plain.json"))
+    assert planned == plain
+    assert report.iterations_on_plan >= 3 and sum(report.offloaded_bytes.values()) > 0
