@@ -22,7 +22,7 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         why = (f"here {refused} plan offloads were refused (below)" if refused else
                "most often in an iteration larger than the profiled one (a longer batch, another path)")
         out.print("  [red]the budget keeper could not hold the budget[/]: an op's own tensors, with those that "
-                  f"never move (kind other, pinned, refused), needed more; {why}: plan with a larger --gpu-mem, "
+                  f"may not move (pinned, shared, refused, or kind other under torch.distributed), needed more; {why}: plan with a larger --gpu-mem, "
                   "or profile the job's largest iteration")
     table = Table("tier", "offloaded", "written", "prefetched", title_justify="left")
     for tier in sorted(r.offloaded_bytes):
