@@ -24,7 +24,11 @@ def parse_size(text: str | int) -> int:
                 f"cannot read size {text!r}: write a number with an optional unit, "
                 "e.g. 40GiB, 512MB or 1073741824"
             )
-        nbytes = int(float(match.group(1)) * _SIZE_UNITS[unit])
+        exact = float(match.group(1)) * _SIZE_UNITS[unit]
+        if _SIZE_UNITS[unit] == 1 and exact != int(exact):  # "1.5" read as 1 B was a one-byte budget
+            raise UsageError(f"size {text!r} is not a whole number of bytes: give a unit (e.g. {text}GiB) "
+                             "or whole bytes")
+        nbytes = int(exact)
     if nbytes < 0:
         raise UsageError(f"size {text!r} is negative: give a size of 0 or more")
     return nbytes

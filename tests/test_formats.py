@@ -58,12 +58,12 @@ def test_a_trace_with_impossible_values_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("text,nbytes", [("40GiB", 40 * 2**30), ("40GB", 40 * 10**9), ("512", 512),
-                                         ("1.5 MiB", 3 * 2**19)])
+                                         ("1.5 MiB", 3 * 2**19), ("1.7GiB", int(1.7 * 2**30))])
 def test_sizes(text, nbytes):
     assert parse_size(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["-1GB", "forty", "10XB", ""])
+@pytest.mark.parametrize("text", ["-1GB", "forty", "10XB", "", "1.5"])
 def test_bad_sizes_say_how_to_write_one(text):
     with pytest.raises(UsageError):
         parse_size(text)
