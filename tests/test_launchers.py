@@ -55,7 +55,10 @@ def example_plan(tmp_path_factory):
 def test_accelerate_launch_starts_one_agent_per_rank_and_none_in_the_launcher(tmp_path):
     """accelerate's launcher imports torch (and runs torchrun's launcher in its own process):
     an agent there read the rank-less plan.json and, with --strict, stopped the job."""
-    launch = ("accelerate", "launch", "--multi_gpu", "--num_processes", 2, "--num_machines", 1,
+    # `accelerate-launch` is `accelerate launch` (accelerate/commands/launch.py) without the
+    # `accelerate` command's import of every subcommand: its estimate imports timm wherever timm
+    # is installed, and a timm without torchvision stopped the launch before it began on CI
+    launch = ("accelerate-launch", "--multi_gpu", "--num_processes", 2, "--num_machines", 1,
               "--mixed_precision", "no", "--dynamo_backend", "no", EXAMPLE, *ARGS)
     ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", *launch, cwd=tmp_path))
     half_peak_plans([tmp_path / "t.rank0.msgpack", tmp_path / "t.rank1.msgpack"], tmp_path)
