@@ -25,7 +25,8 @@ tensors and refuses, or writes garbage). So:
 - a storage's element reads (tolist, iteration and bytes(), indexing, repr) bring it back,
   hold it and run outside the walk (Note [Raw reads]); a storage slice, which aliases the
   memory, and torch.to_dlpack pin it like the exports;
-- torch.save of a storage itself (pickle.dumps of a tensor pickles its storage so) holds it;
+- torch.save of a storage itself (pickle.dumps of a tensor pickles its storage so), or of a
+  checkpoint holding a storage, holds it: the file records each storage's size before its bytes;
 - anything else calls `teraio.resident()` around its raw reads.
 
 Note [Raw reads]
@@ -130,10 +131,11 @@ def _from_tiers(where: str):
             if saving is None or (where == "state_dict" and len(args) > 2):
                 with resident():
                     return fn(*args, **kwargs)
-            # a storage pickled itself (pickle.dumps of a tensor: a storage's __reduce__ calls
-            # torch.save on it): its sizes are read before its bytes, and no stand-in replaces it
-            storage = _untyped(args[0] if args else kwargs.get("obj")) if where == "pickled" else None
-            with _held_for_read(storage), saving() as reads:
+            # storages saved as themselves, not as a tensor's (pickle.dumps of a tensor pickles its
+            # storage: the storage's __reduce__ calls torch.save on it): their sizes are read
+            # before their bytes, and no stand-in replaces them
+            storages = _bare_storages(args[0] if args else kwargs.get("obj")) if where == "pickled" else ()
+            with _held_for_read(*storages), saving() as reads:
                 if where == "dict" and args:
                     args = (reads.stand_ins(args[0]), *args[1:])
                 elif where == "dict" and "tensors" in kwargs:
@@ -200,6 +202,42 @@ def _walk_mode_on() -> bool:
     from teraio.walk import _active_walk
 
     return _active_walk() is not None and torch._C._len_torch_dispatch_stack() > 0
+
+
+class _Discard:
+    def write(self, data) -> int:
+        return len(data)
+
+
+def _bare_storages(obj) -> list:
+    """The storages torch.save(obj) writes as themselves, not as a tensor's (obj is one, or a
+    checkpoint holds one): found by pickling obj once into nothing, every tensor a token. An
+    object that does not pickle is left to torch.save, which says why."""
+    import pickle
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return []
+    if _untyped(obj) is not None:
+        return [_untyped(obj)]
+    found = []
+
+    class StorageFinder(pickle.Pickler):
+        def persistent_id(self, value):
+            if isinstance(value, torch.Tensor):
+                return 0
+            storage = _untyped(value)
+            if storage is not None:
+                found.append(storage)
+                return 0
+            return None
+
+    try:
+        StorageFinder(_Discard(), protocol=2).dump(obj)
+    except Exception:   # noqa: BLE001 (torch.save pickles it next and raises what is wrong)
+        return []
+    return found
 
 
 def _untyped(obj):

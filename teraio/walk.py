@@ -93,6 +93,15 @@ count has not moved (Note [Clean copies] in teraio_run/engine.py). A write that 
 (a C++ extension handed a data pointer, a library writing through DLPack) is not counted:
 `teraio run --no-clean-copies` is for such jobs.
 
+Note [Storage arguments]
+A few ops take a storage, not a tensor: set_ with a source storage, which PyTorch itself calls to
+view a storage as a tensor (copy.copy of a tensor rebuilds it so; a TypedStorage's casts, its
+`.double()`, view it so). A storage the plan moved out reads 0 bytes, so set_ built an empty
+tensor, or refused the sizes it was given, and a cast read nothing. The walk counts such a storage
+as an input of the op, through an empty view of it made with no dispatch mode: it is brought back
+before the op runs, in the run as for any input, and the profile sees the same op stream. A
+storage the walk has not met yet (copy.deepcopy's new one) stays the op's output, as before.
+
 Note [Multi-tensor ops]
 A fused or foreach optimizer step (`_fused_adamw_`, `_foreach_mul_`, ...) is one ATen op over
 every parameter, gradient and state tensor: as one kernel it needs all of them on the device
@@ -367,10 +376,22 @@ _op_infos: dict = {}
 
 
 def _op_info(func) -> tuple:
-    """(func, written arguments, is a c10d op, is a multi-tensor op, packet name), once per overload."""
+    """(func, written arguments, is a c10d op, is a multi-tensor op, packet name, positions of
+    Storage arguments), once per overload."""
+    storage_args = tuple(i for i, arg in enumerate(func._schema.arguments) if arg.type.kind() == "StorageType")
     info = _op_infos[id(func)] = (func, written_arguments(func), func.namespace == "c10d", is_multi_tensor(func),
-                                  func.overloadpacket.__name__)
+                                  func.overloadpacket.__name__, storage_args)
     return info
+
+
+def storage_views(positions: tuple, args) -> list:
+    """Note [Storage arguments]: an empty uint8 view of each storage an op takes as a storage
+    (set_ with a source storage), made with no dispatch mode, so its record is an input."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return [torch.empty(0, dtype=torch.uint8, device=args[i].device).set_(args[i])
+                for i in positions if i < len(args) and isinstance(args[i], torch.UntypedStorage)]
 
 
 def makes_uninitialized(func) -> bool:
@@ -835,6 +856,8 @@ class OpWalk(TorchDispatchMode):
         if self._waited:
             self._collective_waited()
         inputs = self._records_of(op_tensors(args, kwargs), func, "in")
+        if info[5]:
+            inputs += _not_among(self._records_of(storage_views(info[5], args), func, "in", create=False), inputs)
         listener = self.listener
         listener.before_op(k, func, inputs)
         clock = self.op_clock
@@ -845,7 +868,7 @@ class OpWalk(TorchDispatchMode):
         t2 = perf_counter()
         if clock is not None:
             clock.stop()
-        _, written, collective, _, _ = info
+        _, written, collective, _, _, _ = info
         self.op_written = self._count_writes(written, args, kwargs) if written else ()
         if collective:
             self._pin(inputs, _work_of(out), _waited_by_caller(func, args, kwargs))

@@ -37,6 +37,12 @@ def _typed(t):
         return t.storage().tolist()
 
 
+def _cast(t):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return t.storage().double().float().tolist()
+
+
 def _storage_copy(t):
     copied = torch.UntypedStorage(_storage(t).nbytes() or t.numel() * t.element_size())
     copied.copy_(_storage(t))
@@ -60,6 +66,10 @@ READS = {
     "deepcopy": lambda t: _hex(copy.deepcopy(t).tolist()),
     "pickle": lambda t: _hex(pickle.loads(pickle.dumps(t)).tolist()),
     "torch_save": lambda t: _hex(_saved_and_loaded(t).tolist()),
+    "torch_save_legacy": lambda t: _hex(_saved_and_loaded(t, _use_new_zipfile_serialization=False).tolist()),
+    "torch_save_storage": lambda t: bytes(_saved_and_loaded({"s": _storage(t)})["s"]).hex(),
+    "typed_storage_cast": lambda t: _hex(_cast(t)),
+    "copy": lambda t: _hex(copy.copy(t).tolist()),
     # these pin what they read (it never moves again): last, a layer each
     "storage_slice": lambda t: bytes(_storage(t)[8:40]).hex(),
     "numpy": lambda t: t.numpy().tobytes().hex(),
@@ -73,9 +83,9 @@ def _from_capsule(capsule):
     return torch.utils.dlpack.from_dlpack(capsule)
 
 
-def _saved_and_loaded(t):
+def _saved_and_loaded(t, **options):
     buffer = io.BytesIO()
-    torch.save(t, buffer)
+    torch.save(t, buffer, **options)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
 
