@@ -130,19 +130,26 @@ class Transfer:
 
 
 def cpu_copy(threads: ThreadPoolExecutor, path: str, dst: torch.Tensor, src: torch.Tensor) -> Transfer:
-    """A copy between CPU tensors: in an I/O thread so it overlaps the job's ops, except a small
-    one, made here: handing it to a thread and reaping its future cost ~50-100 us on the CPU
-    box, more than copying INLINE_COPY_MAX_BYTES does (docs/runtime.md, host cost)."""
+    """A copy between CPU byte tensors: in an I/O thread so it overlaps the job's ops, except a
+    small one, made here: handing it to a thread and reaping its future cost ~50-100 us on the
+    CPU box, more than copying INLINE_COPY_MAX_BYTES does (docs/runtime.md, host cost).
+    Note [CPU copies by memmove]: not Tensor.copy_, which splits a copy above 32K elements over
+    the OpenMP threads: where another process holds a core (a 2-core box), each such copy waited
+    for a time slice, 520 us for 1 MiB against 12 us alone; memmove is one thread, and ctypes
+    lets the GIL go while it runs."""
     nbytes = src.numel()
     if nbytes <= INLINE_COPY_MAX_BYTES:
-        return Transfer(path, nbytes, interval=timed(dst.copy_, src))
-    return Transfer(path, nbytes, future=threads.submit(timed, dst.copy_, src))
+        return Transfer(path, nbytes, interval=timed_memmove(dst, src))
+    return Transfer(path, nbytes, future=threads.submit(timed_memmove, dst, src))
 
 
-def timed(fn, *args) -> tuple[float, float]:
-    """Run a copy in an I/O thread and say when it ran (for the achieved bandwidth)."""
+def timed_memmove(dst: torch.Tensor, src: torch.Tensor) -> tuple[float, float]:
+    """Copy src's bytes over dst's (contiguous, the same size; both held until it returns) and
+    say when it ran (for the achieved bandwidth)."""
+    if dst.numel() != src.numel():   # copy_ would have refused; memmove would write past dst
+        raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}")
     t0 = time.perf_counter()
-    fn(*args)
+    ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel())
     return t0, time.perf_counter()
 
 
