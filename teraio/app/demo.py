@@ -2,9 +2,19 @@
 
 Profile the example, plan it for half of its traced peak memory (SSD first, a small host
 pool as overflow), run it under the plan, run it plainly, and compare the losses bit for bit.
+
+Note [One thread per op in the demo]
+The example's ops are small; PyTorch splits each over every core's OpenMP thread anyway, and
+where another process holds a core (a 2-core laptop or CI box) every op waits at the threads'
+barrier for a time slice. With the other core busy, two demos in a row predicted 479 and 674 ms
+an iteration and measured 64 and 326 ms (the profile's kernel times are what the prediction is
+made of); with one thread, 21.1 and 22.4 ms predicted, 48 and 67 measured, each demo in half the
+time. So the demo runs its three jobs (profile, planned, plain: the twins alike) with
+OMP_NUM_THREADS=1 unless the caller has set it.
 """
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,6 +58,7 @@ def run_demo(workdir: Path, example_args: list[str], progress=lambda msg: None) 
     from teraio_run.run import run
 
     workdir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # Note [One thread per op in the demo]
     script = str(example_script())
     example_args = ["--device", "cpu", *example_args]  # the demo is the CPU pipeline, GPU or not
     paths = {name: workdir / name for name in ("trace.msgpack", "plan.json", "run.json",
