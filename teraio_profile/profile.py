@@ -95,6 +95,12 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
     if errors:  # the job's agent stopped it and said why (Note [No step] in teraio_profile/agent.py)
         raise ScriptError(errors[0])
     script = Path(argv[0]).name
+    if traces and all(s.get("trace") for s in statuses):
+        # every process that trained wrote its trace and ended there; the one that started them
+        # went on and failed (torch.multiprocessing.spawn's caller reading what its ranks write)
+        raise ScriptError(f"{script} exited with code {returncode} after its training processes had written "
+                          f"their traces ({', '.join(p.name for p in traces)}) and ended, as a profile ends them: "
+                          "a script that goes on once they return profiles with --run-to-completion")
     if returncode != 0:
         raise ScriptError(f"{script} exited with code {returncode} before the profile was complete; "
                           "fix the error shown above and profile again")

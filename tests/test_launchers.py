@@ -14,8 +14,9 @@ import pytest
 from teraio.formats.plan import save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import EXAMPLE, PYTHON, losses, ok, teraio
+from cli_helpers import EXAMPLE, PYTHON, losses, ok, one_line_error, teraio
 from runtime_helpers import every_period_plan
+from test_clients import CLIENTS, run_plain
 
 ARGS = ("--device", "cpu", "--steps", "6")
 FOLLOWS = re.compile(r"^teraio: rank (\d+) follows ", re.MULTILINE)
@@ -162,3 +163,27 @@ def test_a_loop_without_modules_trains_under_teraio_as_without(tmp_path):
     seen = [line for line in profiled.splitlines() if line.startswith("loss")]  # it stops once profiled
     assert len(seen) >= 4 and seen == plain.splitlines()[:len(seen)]
     assert load_trace(tmp_path / "t.msgpack").header.num_kernels > 0
+
+
+def test_ranks_started_by_torch_multiprocessing_spawn_profile_and_follow_their_own_plans(tmp_path):
+    """Note [Ranks without torchrun] in teraio/app/bootstrap/__init__.py: mp.spawn hands each
+    worker its rank, not the environment: both took themselves for rank 0 of 1, wrote one trace
+    and one report over each other and followed rank 0's plan. A profile ends the ranks once
+    their traces are written, and the caller, reading what they would have written, failed:
+    said with the option that keeps them training."""
+    script = (PYTHON, CLIENTS / "spawn_ddp.py", "--out", "l.json")
+    proc = teraio("profile", "-o", tmp_path / "t.msgpack", "--", *script, cwd=tmp_path)
+    assert "profiles with --run-to-completion" in one_line_error(proc, 4)
+    ok(teraio("profile", "--run-to-completion", "-o", tmp_path / "t.msgpack", "--", *script, cwd=tmp_path))
+    traces = [tmp_path / f"t.rank{rank}.msgpack" for rank in (0, 1)]
+    assert [load_trace(path).header.rank for path in traces] == [0, 1]
+    half_peak_plans(traces, tmp_path)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "spawn_ddp.py", "--out", "l.json")
+    proc = ok(teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--report", tmp_path / "run.json",
+                     "--ssd-dir", tmp_path / "ssd", "--", *script, cwd=tmp_path))
+    assert sorted(FOLLOWS.findall(proc.stderr)) == ["0", "1"], proc.stderr
+    assert losses(tmp_path / "l.json") == losses(plain / "l.json")
+    for rank in (0, 1):
+        assert load_report(tmp_path / f"run.rank{rank}.json").iterations_on_plan >= 1

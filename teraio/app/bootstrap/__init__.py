@@ -31,6 +31,7 @@ from the first forward on the walk is alone. Modules already running when the ag
 are replayed into the walk, so it finds its root and scopes as if it had been there first.
 """
 
+import dataclasses
 import gc
 import os
 import sys
@@ -73,8 +74,29 @@ def use_local_rank_gpu(settings: Settings) -> None:
         torch.cuda.set_device(int(local_rank))
 
 
+def with_job_rank(settings: Settings) -> Settings:
+    """Note [Ranks without torchrun]
+    torch.multiprocessing.spawn starts a DDP job's ranks itself (the PyTorch tutorial's way)
+    and the script hands each its rank: no RANK in the environment when torch was imported
+    (the settings were read then), so every rank took itself for rank 0 of 1, the two wrote
+    one trace file and one report over each other and both followed rank 0's plan. At the
+    job's first op the environment is read again (a worker may set RANK itself), and where it
+    still says nothing, an initialized process group's rank and size are the process's (the
+    tutorial's workers init it before making their model). A spawned worker that makes
+    tensors before init_process_group sets RANK and WORLD_SIZE first."""
+    if "RANK" in os.environ:
+        return dataclasses.replace(settings, rank=int(os.environ["RANK"]),
+                                   world_size=int(os.environ.get("WORLD_SIZE", settings.world_size)))
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return settings
+    return dataclasses.replace(settings, rank=dist.get_rank(), world_size=dist.get_world_size())
+
+
 def start(settings: Settings):
     """Start the agent for settings.mode now; returns it (None when it stays out of the way)."""
+    settings = with_job_rank(settings)
     use_local_rank_gpu(settings)
     if settings.mode == "profile":
         from teraio_profile.agent import start as start_profile

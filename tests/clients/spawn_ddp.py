@@ -1,0 +1,59 @@
+"""DDP started as the PyTorch tutorial starts it: torch.multiprocessing.spawn of two gloo
+workers, each handed its rank as an argument (no RANK in the environment). The caller then
+gathers what the ranks wrote: the losses (float.hex) per rank, in --out."""
+
+import argparse
+import json
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def worker(rank: int, steps: int, out: str) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 64, generator=batches)
+        loss = (model(x) - x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item().hex())
+    with open(f"{out}.rank{rank}", "w") as f:
+        json.dump(losses, f)
+    dist.destroy_process_group()
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="spawn_ddp.json")
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    mp.spawn(worker, args=(args.steps, args.out), nprocs=WORLD)
+    ranks = []
+    for rank in range(WORLD):
+        with open(f"{args.out}.rank{rank}") as f:
+            ranks.append(json.load(f))
+    with open(args.out, "w") as f:
+        json.dump(ranks, f)
+
+
+if __name__ == "__main__":
+    main()
