@@ -62,8 +62,12 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
               f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
     missing = sum(row.plan_ids_missing for row in r.per_iteration)
     if missing:
-        out.print(f"  [yellow]{missing} plan actions found no tensor of their name[/] (a tensor the job replaced "
-                  "where neither its model nor its optimizer shows it): those tensors stayed where they were")
+        # a module's parameters are named at its first call: an averaged model evaluated every few
+        # steps, updated from the first, was unnamed in the iterations before its first evaluation
+        out.print(f"  [yellow]{missing} plan actions found no tensor of their name[/] (the parameters of a module "
+                  "not yet called in this run, such as an averaged model evaluated every few steps, or a tensor "
+                  "the job replaced where neither its model nor its optimizer shows it): those tensors stayed "
+                  "where they were")
     if r.refused_actions_by_reason:
         why = ", ".join(f"{reason} {count}" for reason, count in r.refused_actions_by_reason.items())
         out.print(f"  [yellow]{sum(r.refused_actions_by_reason.values())} plan offloads refused[/] ({why}): those "

@@ -177,3 +177,15 @@ def test_state_logged_with_rich_every_step_is_true_and_keeps_the_budget(tmp_path
     assert planned == plain
     assert "over its budget" not in proc.stderr
     assert report.iterations_on_plan >= 3 and report.peak_device_bytes <= report.budget_bytes
+
+
+def test_an_averaged_model_updated_every_step_and_evaluated_every_third_holds_true_values(tmp_path):
+    """swa_utils.AveragedModel: its copy of the weights is named by the walk only once it has run
+    (its first evaluation), so the plan's actions for it found nothing in the iteration before;
+    the run said they were tensors the job had replaced. The EMA's evaluations under
+    inference_mode, its update_bn and its saves (state dict, whole module) are the plain run's."""
+    proc, report, planned, plain = train_both_ways(tmp_path, "averaged_model.py")
+    assert planned == plain
+    assert report.iterations_on_plan >= 3 and report.offloaded_bytes_by_kind.get("parameter", 0) > 0
+    if any(row.plan_ids_missing for row in report.per_iteration):
+        assert "a module not yet called in this run" in " ".join(proc.stderr.split())
