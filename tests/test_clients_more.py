@@ -1,7 +1,7 @@
 """More training code nobody wrote for TeraIO, under the most migration a trace allows: sparse
 tensors, custom autograd Functions, checkpointing, complex numbers, BatchNorm in channels_last
 under autocast with a GradScaler, tied weights with gradient hooks and fused or foreach AdamW,
-a layer unfrozen mid-training. Each trains bit for bit like its plain run and keeps its budget.
+a layer unfrozen mid-training, an averaged model, a Lightning fit. Each trains bit for bit like its plain run and keeps its budget.
 
 The budget is half the traced peak, or the least any plan needs where that is more
 (teraio_plan/memory.py, Note [What must stay]: backward intermediates never move, and in a
@@ -189,3 +189,13 @@ def test_an_averaged_model_updated_every_step_and_evaluated_every_third_holds_tr
     assert report.iterations_on_plan >= 3 and report.offloaded_bytes_by_kind.get("parameter", 0) > 0
     if any(row.plan_ids_missing for row in report.per_iteration):
         assert "a module not yet called in this run" in " ".join(proc.stderr.split())
+
+
+def test_a_lightning_fit_with_bf16_clipping_accumulation_and_checkpoints_trains_identically(tmp_path):
+    """Lightning's automatic optimization runs forward and backward inside optimizer.step(closure)
+    on every second batch and outside it on the others; a validation loop under inference_mode
+    and a checkpoint end each epoch. The losses and every checkpoint are the plain run's."""
+    _, report, planned, plain = train_both_ways(tmp_path, "lightning_fit.py")
+    assert planned == plain and len(plain["saved"]) == 3
+    assert report.iterations_on_plan >= 6 and report.peak_device_bytes <= report.budget_bytes
+    assert report.offloaded_bytes_by_kind.get("activation", 0) > 0
