@@ -9,8 +9,8 @@ tensors and refuses, or writes garbage). So:
   what was moved out straight from the host pool or the swap files, nothing coming back to the
   device (Note [Saving from the tiers] in teraio_run/saving.py): a state larger than the
   device saves as it does plainly;
-- the savers that take a model (SAVERS below) run inside `resident()`: everything back,
-  nothing leaving;
+- the savers that take a model (SAVERS below: safetensors' and accelerate's, and a scripted
+  module's, which torch.jit.save calls) run inside `resident()`: everything back, nothing leaving;
 - numpy and DLPack exports bring their one storage back and pin it: the pointer they hand
   out may be read at any later time, so that storage never moves again;
 - a storage's clone and cpu copy (copy.deepcopy of a tensor, a module or a state_dict goes
@@ -63,11 +63,13 @@ TIER_SAVERS = {
     "transformers.modeling_utils": {"PreTrainedModel.save_pretrained": "state_dict"},
 }
 # module -> attributes whose calls read storages raw inside resident(): they take a model and
-# look for shared storages by address before safetensors is called
+# look for shared storages by address before safetensors is called, or write its storages in
+# C++ with no ATen op (torch.jit.save goes through a scripted module's save or save_to_buffer)
 SAVERS = {
     "safetensors.torch": ("save_model",),
     "accelerate.utils.other": ("save",),
     "accelerate.accelerator": ("Accelerator.save_model",),
+    "torch.jit._script": ("RecursiveScriptModule.save", "RecursiveScriptModule.save_to_buffer"),
 }
 EXPORTS = ("numpy", "__dlpack__")   # Tensor methods that hand out a pointer
 STORAGE_COPIES = ("clone", "cpu")   # UntypedStorage methods that size a copy before any op runs
