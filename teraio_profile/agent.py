@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from teraio import __version__
+from teraio.errors import TeraioError
 from teraio.formats.common import Producer
 from teraio.formats.trace import (
     DeviceInfo, KernelTable, ProfileCap, TensorTable, TraceFile, TraceHeader, _columns_to_trace,
@@ -50,6 +51,7 @@ class ProfileAgent(WalkListener):
             self.recorder.released_bytes = self.keeper.released_bytes
             self.recorder.rescale_kernel_times = False  # warm-up iterations include the waits
         self.written = None
+        self.error: str | None = None   # the one line the launcher says (its status file)
         self._watchdog: threading.Timer | bool = False   # Note [No step]; False until the first op
 
     # The agent is the walk's listener and forwards to the recorder, so it can act at the end.
@@ -113,8 +115,8 @@ class ProfileAgent(WalkListener):
         self.recorder.on_iteration_end(iteration, num_kernels)
         if self.keeper is not None:
             self.keeper.on_iteration_end()
-        if self.recorder.finished and self.written is None:
-            self.written = self.write()
+        if self.recorder.finished and self.written is None and self.error is None:
+            self.written = self._write_or_stop()
             if not self.settings.run_to_completion:
                 if self.keeper is None:  # else tensors are out: the walk must bring them back
                     deactivate(self.walk)
@@ -128,6 +130,20 @@ class ProfileAgent(WalkListener):
             return ""
         return (f"; the job steps {steps} optimizers inside each backward pass (an optimizer per parameter?): "
                 f"profile with --steps-per-iteration {steps}")
+
+    def _write_or_stop(self) -> str | None:
+        """The trace's path. One that cannot be written (a full disk) ends the job as a
+        complete profile does, its reason left in the status file for the launcher's one line:
+        raised, it came out of the job's optimizer step with the job's stack above it, and the
+        launcher blamed the script. With --run-to-completion training goes on without it."""
+        try:
+            return self.write()
+        except TeraioError as err:
+            self.error = f"the trace could not be written: {err}"
+        if not self.settings.run_to_completion:
+            raise SystemExit(1)
+        print(f"teraio: error: {self.error}; training goes on (--run-to-completion)", file=sys.stderr)
+        return None
 
     def write(self) -> str:
         rec = self.recorder
@@ -210,6 +226,7 @@ class ProfileAgent(WalkListener):
         there is no launcher to tell."""
         walk, rec = self.walk, self.recorder
         path = status_path(self.settings.status_dir)
+        error = error or self.error
         if path is None or not (walk.roots or walk.steps or error):
             return False
         p = walk.steps_per_iteration

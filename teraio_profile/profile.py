@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from teraio.errors import JobStopped, ScriptError, UsageError
+from teraio.formats.common import refuse_overwriting_input
 from teraio.launch import CAPPED_JOB_ENV, mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings
 from teraio.units import format_bytes
@@ -39,6 +40,7 @@ def profile(argv: list[str], trace_out: str | Path, warmup: int, iterations: int
         raise UsageError("--steps-per-iteration and --step-timeout must be 0 or more (0: find the cycle; no limit)")
     command = resolve_command(argv)
     trace_out = Path(trace_out).resolve()
+    refuse_overwriting_input(trace_out, argv, "-o")  # the script, or a file its arguments name
     _check_writable(trace_out)
     with tempfile.TemporaryDirectory(prefix="teraio-profile-") as status_dir:
         settings = Settings(mode="profile", device=device, command=list(argv), status_dir=status_dir,

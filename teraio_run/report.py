@@ -92,13 +92,14 @@ def finish(agent, context) -> None:
     try:
         if agent.log.iteration_s or agent.engine.stats.io_errors:  # a failure is worth a report at any time
             report = build_report(agent, context)
+            from rich.console import Console
+            # the summary first: a report file that cannot be written (a full disk) still leaves it
+            print_report(report, Console(stderr=True, highlight=False), title=f"teraio run, rank {report.header.rank}")
             if context.settings.report:
                 save_report(report, rank_path(context.settings.report, context.settings.rank,
                                               context.settings.world_size))
-            from rich.console import Console
-            print_report(report, Console(stderr=True, highlight=False), title=f"teraio run, rank {report.header.rank}")
     except Exception as err:  # the job has finished training; a report failure must not hide that
-        print(f"teraio: could not write the run report: {err}", file=sys.stderr)
+        print(f"teraio: no run report: {err}", file=sys.stderr)
     finally:
         context.threads.shutdown(wait=True)
         remove_run_dirs(context)

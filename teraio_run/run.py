@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 from teraio.errors import UsageError
+from teraio.formats.common import refuse_overwriting_input
 from teraio.formats.plan import Plan, load_plan
 from teraio.launch import CAPPED_JOB_ENV, mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings, rank_path
@@ -16,9 +17,10 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
         io_backend: str, strict: bool, device: str = "auto", clean_copies: bool = True) -> int:
     """Run the job under the plan; returns the job's exit code."""
     command = resolve_command(argv)
-    plans = _load_plans(Path(plan_path))
+    plan_paths = _plan_paths(Path(plan_path))
+    plans = [load_plan(path) for path in plan_paths]
     # Preflight: what the job would find out only inside (one warning, exit 0, no report).
-    _check_report_path(report, plans)
+    _check_report_path(report, plans, [*plan_paths, *argv])
     acting = [plan for plan in plans if plan.entries or not plan.header.prediction.fits]
     if acting:  # a plan that moves nothing leaves the job untouched: no pool, no swap files
         _check_ssd_dirs(ssd_dirs or [str(DEFAULT_SWAP_DIR)], acting)
@@ -30,18 +32,21 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
     return run_command(command, settings, CAPPED_JOB_ENV).status
 
 
-def _load_plans(plan_path: Path) -> list[Plan]:
-    """Every plan the job's ranks will read (per-rank plans: NAME.rankN.json), or an error now."""
-    rank_plans = sorted(plan_path.parent.glob(f"{plan_path.stem}.rank*{plan_path.suffix}"))
-    return [load_plan(path) for path in rank_plans or [plan_path]]
+def _plan_paths(plan_path: Path) -> list[Path]:
+    """Every plan the job's ranks will read (per-rank plans: NAME.rankN.json)."""
+    return sorted(plan_path.parent.glob(f"{plan_path.stem}.rank*{plan_path.suffix}")) or [plan_path]
 
 
-def _check_report_path(report: str, plans: list[Plan]) -> None:
+def _check_report_path(report: str, plans: list[Plan], inputs: list) -> None:
+    """Each rank's report path can be written, and is none of the run's inputs (the plans, the
+    script and the files its arguments name): the report at the job's end would replace it."""
     if not report:
         return
     world_size = max(plan.header.trace.world_size for plan in plans)
     for rank in range(world_size):
-        _check_output_file(rank_path(report, rank, world_size), "--report")
+        path = rank_path(report, rank, world_size)
+        refuse_overwriting_input(path, inputs, "--report")
+        _check_output_file(path, "--report")
 
 
 def _check_output_file(path: Path, option: str) -> None:

@@ -12,10 +12,10 @@ CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 PYTHON = sys.executable   # the interpreter running the tests starts every job (not whatever `python` is on PATH)
 
 
-def teraio(*args, cwd, timeout=300) -> subprocess.CompletedProcess:
+def teraio(*args, cwd, timeout=300, preexec_fn=None) -> subprocess.CompletedProcess:
     env = dict(os.environ, **CPU_ENV)
     return subprocess.run([sys.executable, "-m", "teraio", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 
 def example(*args, cwd, timeout=300) -> subprocess.CompletedProcess:

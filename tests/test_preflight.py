@@ -6,6 +6,7 @@ marker). Before these checks the job found out inside: one warning, exit 0, no r
 
 import json
 import os
+import resource
 import subprocess
 from pathlib import Path
 
@@ -13,10 +14,19 @@ import pytest
 
 from teraio.formats.plan import save_plan
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import PYTHON, ROOT, one_line_error, teraio
+from cli_helpers import PYTHON, ROOT, ok, one_line_error, teraio
 from runtime_helpers import every_period_plan
 
 TRACE = ROOT / "traces" / "cpu-tiny.msgpack"
+STEPPING_SCRIPT = """
+import torch
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(8):
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
 
 
 @pytest.fixture()
@@ -117,3 +127,52 @@ def test_output_paths_that_are_folders(job):
     line = refused(teraio("profile", "-o", folder, "--", PYTHON, job / "train.py", cwd=job), 2, job)
     assert "is a folder" in line
     assert list(folder.iterdir()) == []
+
+
+def test_an_output_that_names_an_input_is_refused_and_the_input_kept(job):
+    """`-o` or `--report` given an input's name replaced it: the trace by its plan, the plan by
+    the run's report, and `teraio profile -o train.py` the script by its trace."""
+    (job / "t.msgpack").write_bytes(TRACE.read_bytes())
+    kept = {name: (job / name).read_bytes() for name in ("plan.json", "train.py", "t.msgpack")}
+    for option, name in (("--report", "plan.json"), ("--report", "train.py")):
+        assert "is also an input" in refused(run_job(job, option, job / name), 2, job)
+    line = refused(teraio("profile", "-o", "train.py", "--", PYTHON, "train.py", cwd=job), 2, job)
+    assert "-o" in line and "is also an input" in line
+    for args in (["plan", "t.msgpack", "--gpu-mem", "2MiB", "-o", "t.msgpack"],
+                 ["view", "t.msgpack", "plan.json", "-o", "plan.json"]):
+        assert "is also an input" in one_line_error(teraio(*args, cwd=job), 2)
+    assert kept == {name: (job / name).read_bytes() for name in kept}
+
+
+def small_files() -> None:
+    """In the child: files of 2 KiB at most (the trace of STEPPING_SCRIPT is larger, the job's
+    status file smaller)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, resource.RLIM_INFINITY))
+
+
+def test_a_full_disk_at_the_write_is_one_line_and_keeps_the_old_file(job):
+    """A file-size limit fails the write as a full disk does (EFBIG where ENOSPC): the command
+    says so in one line (it printed OSError's traceback), the plan already there is kept whole
+    and no temporary file is left. The trace's write inside the job is said the same way, by
+    the launcher, not blamed on the script."""
+    def limited(*args):
+        return teraio(*args, cwd=job, preexec_fn=small_files)
+
+    before = sorted(job.iterdir())
+    old = (job / "plan.json").read_bytes()
+    line = one_line_error(limited("plan", TRACE, "--gpu-mem", "2MiB", "-o", "plan.json"), 2)
+    assert "cannot write plan.json" in line and "nothing was written" in line
+    assert (job / "plan.json").read_bytes() == old and sorted(job.iterdir()) == before
+    (job / "train.py").write_text(STEPPING_SCRIPT)
+    line = one_line_error(limited("profile", "-o", "t.msgpack", "--", PYTHON, "train.py"), 4)
+    assert "the trace could not be written" in line and "cannot write" in line
+    assert not (job / "t.msgpack").exists()
+
+
+def test_files_written_are_readable_as_the_umask_allows(job, tmp_path):
+    old = os.umask(0o022)
+    try:
+        ok(teraio("plan", TRACE, "--gpu-mem", "2MiB", "-o", tmp_path / "p.json", cwd=job))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o644  # mkstemp made it 0600

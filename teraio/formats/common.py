@@ -2,7 +2,7 @@
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import msgpack
@@ -30,22 +30,42 @@ class Producer(Strict):
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temp file beside `path`, then rename: a failure never leaves a half file."""
+    """Write to a temp file beside `path`, then rename: a failure never leaves a half file, and
+    an existing file stays as it was."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"cannot write {path}: folder {directory} does not exist; create it first")
+    tmp = directory / f".{path.name}.{secrets.token_hex(4)}.tmp"
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        # 0o666 under the umask, as open() makes files: mkstemp's 0600 kept every trace, plan
+        # and report from the colleagues they are shared with
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}; choose a writable path with -o") from None
+        raise UsageError(f"cannot write {path}: {err.strerror}; choose a writable path") from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        os.replace(tmp_name, path)
+        os.replace(tmp, path)
+    except OSError as err:  # a full disk: one line, not a traceback
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {path}: {err.strerror}, so nothing was written there; "
+                         "free space or write elsewhere") from None
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def refuse_overwriting_input(output: str | Path, inputs, option: str) -> None:
+    """An output that names one of the command's own inputs would replace it: `teraio plan -o`
+    given the trace's name lost the trace to its plan, `--report` given the plan's lost the
+    plan, and `teraio profile -o train.py` the script itself."""
+    if not os.path.exists(output):
+        return
+    for given in inputs:  # os.path.exists: an argument too long for a file name is no file
+        if os.path.exists(given) and os.path.samefile(output, given):
+            raise UsageError(f"{option} {output} is also an input ({given}), which writing it would replace: "
+                             "give another file name")
 
 
 HEADER_PROBE_BYTES = 512   # a header's format name ("teraio-trace") lies within its first bytes

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from teraio.app.commands.options import SIZE, json_flag
 from teraio.errors import UsageError
+from teraio.formats.common import refuse_overwriting_input
 from teraio.formats.plan import save_plan
 from teraio.formats.trace import Trace, load_trace
 from teraio.units import format_bytes, format_ms
@@ -80,7 +81,7 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
     # Every file and option is checked before any work, so a mistake writes nothing.
     if not do_sweep:
         for path in traces:
-            _check_output(output or default_output(path))
+            _check_output(output or default_output(path), [*traces, *filter(None, [calibrate_from])])
     jobs = [(path, trace, _inputs(path, trace, options, calibrate_from)) for path, trace in
             ((path, load_trace(path)) for path in traces)]
     reports = []
@@ -102,7 +103,8 @@ def _inputs(path: Path, trace: Trace, options: dict, calibrate_from: Path | None
     return calibrated(inputs, trace, calibrate_from, given, trace_name=str(path))
 
 
-def _check_output(path: Path) -> None:
+def _check_output(path: Path, inputs: list[Path]) -> None:
+    refuse_overwriting_input(path, inputs, "-o")
     if path.is_dir():
         raise UsageError(f"-o {path} is a folder: give a file name, e.g. {path / 'plan.json'}")
     folder = path.parent

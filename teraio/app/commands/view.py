@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 
 from teraio.errors import UsageError
-from teraio.formats.common import atomic_write_bytes
+from teraio.formats.common import atomic_write_bytes, refuse_overwriting_input
 from teraio.units import format_bytes
 
 console = Console(highlight=False)
@@ -29,6 +29,7 @@ def command(files, output, sweep):
     """
     from teraio_view import render_view
 
+    refuse_overwriting_input(output, files, "-o")
     if output.is_dir():
         raise UsageError(f"-o {output} is a folder: give a file name, e.g. {output / 'teraio-report.html'}")
     page = render_view(list(files), sweep=sweep).encode()
