@@ -121,6 +121,7 @@ import weakref
 import zlib
 from dataclasses import dataclass, field
 from time import perf_counter
+from typing import NamedTuple
 
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame
@@ -375,12 +376,21 @@ _multi_tensor: dict = {}
 _op_infos: dict = {}
 
 
-def _op_info(func) -> tuple:
-    """(func, written arguments, is a c10d op, is a multi-tensor op, packet name, positions of
-    Storage arguments), once per overload."""
+class OpInfo(NamedTuple):
+    """What the walk needs of an op overload (Note [Op memos])."""
+
+    func: object                     # the overload itself, held so that its id names it
+    written: tuple                   # (position, name) of the arguments it writes (Note [Writes])
+    collective: bool                 # a c10d op (Note [Collective buffers])
+    multi_tensor: bool               # Note [Multi-tensor ops]
+    packet: str                      # the overload packet's name (mm, add, ...)
+    storage_args: tuple[int, ...]    # positions of its Storage arguments (Note [Storage arguments])
+
+
+def _op_info(func) -> OpInfo:
     storage_args = tuple(i for i, arg in enumerate(func._schema.arguments) if arg.type.kind() == "StorageType")
-    info = _op_infos[id(func)] = (func, written_arguments(func), func.namespace == "c10d", is_multi_tensor(func),
-                                  func.overloadpacket.__name__, storage_args)
+    info = _op_infos[id(func)] = OpInfo(func, written_arguments(func), func.namespace == "c10d",
+                                        is_multi_tensor(func), func.overloadpacket.__name__, storage_args)
     return info
 
 
@@ -397,7 +407,7 @@ def storage_views(positions: tuple, args) -> list:
 def makes_uninitialized(func) -> bool:
     """Whether the op allocates without writing (Note [Outputs read raw later])."""
     info = _op_infos.get(id(func)) or _op_info(func)
-    return info[4] in UNINITIALIZED_OPS
+    return info.packet in UNINITIALIZED_OPS
 
 
 def is_multi_tensor(func) -> bool:
@@ -836,7 +846,7 @@ class OpWalk(TorchDispatchMode):
         try:
             kwargs = kwargs or {}
             info = _op_infos.get(id(func)) or _op_info(func)
-            chunks = multi_tensor_chunks(func, args, kwargs) if info[3] else None
+            chunks = multi_tensor_chunks(func, args, kwargs) if info.multi_tensor else None
             if chunks is None:
                 return self._walk_op(func, args, kwargs, info)
             return join_outputs([self._walk_op(func, *chunk, info) for chunk in chunks])
@@ -856,8 +866,9 @@ class OpWalk(TorchDispatchMode):
         if self._waited:
             self._collective_waited()
         inputs = self._records_of(op_tensors(args, kwargs), func, "in")
-        if info[5]:
-            inputs += _not_among(self._records_of(storage_views(info[5], args), func, "in", create=False), inputs)
+        if info.storage_args:
+            views = storage_views(info.storage_args, args)
+            inputs += _not_among(self._records_of(views, func, "in", create=False), inputs)
         listener = self.listener
         listener.before_op(k, func, inputs)
         clock = self.op_clock
@@ -868,7 +879,7 @@ class OpWalk(TorchDispatchMode):
         t2 = perf_counter()
         if clock is not None:
             clock.stop()
-        _, written, collective, _, _, _ = info
+        written, collective = info.written, info.collective
         self.op_written = self._count_writes(written, args, kwargs) if written else ()
         if collective:
             self._pin(inputs, _work_of(out), _waited_by_caller(func, args, kwargs))
@@ -876,8 +887,8 @@ class OpWalk(TorchDispatchMode):
         new = self._records_of(out_tensors, func, None) if out_tensors else []
         if new and inputs:  # an output that aliases an input is not new
             new = _not_among(new, inputs)
-        if new and info[4] in RAW_READ_OUTPUTS:
-            self._pin_raw_read(out_tensors, RAW_READ_OUTPUTS[info[4]])
+        if new and info.packet in RAW_READ_OUTPUTS:
+            self._pin_raw_read(out_tensors, RAW_READ_OUTPUTS[info.packet])
         self.last_call = (args, kwargs, out_tensors)
         listener.after_op(k, func, inputs, new, self.signature_of(func, out_tensors))
         self.last_call = None
@@ -1008,7 +1019,7 @@ class OpWalk(TorchDispatchMode):
 
     def _birth_name(self, func, label, phase: Phase) -> str:
         scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if phase == Phase.backward else "")
-        base = f"{scope}/{(_op_infos.get(id(func)) or _op_info(func))[4]}.{label}"
+        base = f"{scope}/{(_op_infos.get(id(func)) or _op_info(func)).packet}.{label}"
         occurrence = self.occurrences.get(base, 0)
         self.occurrences[base] = occurrence + 1
         return f"{base}#{occurrence}"
