@@ -33,13 +33,14 @@ keeper and hands it to the profile agent (teraio/app/bootstrap/__init__.py).
 
 import atexit
 import os
+import signal
 import sys
 
 from teraio.launch import mem_available_bytes
 from teraio.settings import Settings
 from teraio.units import format_bytes
 from teraio_run.budget import BudgetKeeper
-from teraio_run.setup import build_engine, cap_device_memory, remove_run_dirs
+from teraio_run.setup import build_engine, cap_device_memory, exit_cleanly_on, remove_run_dirs
 
 
 class CappedProfile:
@@ -54,6 +55,7 @@ class CappedProfile:
         self.engine, self.context = build_engine(settings, pool_bytes, self.cuda)
         self.keeper = BudgetKeeper(self.engine, walk, self.cap_bytes, self.cuda)
         atexit.register(self.close)
+        exit_cleanly_on(signal.SIGTERM, signal.SIGHUP)  # a stopped profile leaves no swap folder
 
     @property
     def host_pool_bytes(self) -> int:

@@ -11,7 +11,7 @@ from teraio.units import format_bytes
 from teraio.walk import activate
 from teraio_run.agent import RunAgent
 from teraio_run.report import finish
-from teraio_run.setup import RunContext, build_agent, plan_for_rank
+from teraio_run.setup import RunContext, build_agent, exit_cleanly_on, plan_for_rank
 
 
 def start(settings: Settings) -> RunAgent:
@@ -42,20 +42,4 @@ def install_exit_handlers(agent, context: RunContext) -> None:
     import teraio.views  # noqa: F401
 
     atexit.register(finish, agent, context)
-    _exit_cleanly_on(signal.SIGTERM, signal.SIGHUP)
-
-
-def _exit_cleanly_on(*signums: int) -> None:
-    """SIGTERM and SIGHUP kill a process without running atexit, so the report would be lost and
-    the swap folders left behind: turn them into SystemExit(128 + N), the status a shell shows
-    for a death by signal N. SIGINT already raises KeyboardInterrupt, which unwinds the same
-    way. A handler the script set (or SIG_IGN, as nohup sets for SIGHUP) is left alone, and so
-    is one it sets later that calls ours in turn (PyTorch Lightning chains the handler it finds
-    to its own, which stops training gracefully): in the plain run it found none to call."""
-    def exit_by_signal(number, frame):
-        if signal.getsignal(number) is exit_by_signal:
-            sys.exit(128 + number)
-
-    for signum in signums:
-        if signal.getsignal(signum) == signal.SIG_DFL:
-            signal.signal(signum, exit_by_signal)
+    exit_cleanly_on(signal.SIGTERM, signal.SIGHUP)

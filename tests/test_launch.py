@@ -150,6 +150,21 @@ def test_sigterm_also_stops_what_a_shell_wrapper_leaves_behind(job, tmp_path):
     assert_stopped_cleanly(tmp_path, job_pid)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_to_a_profile_under_a_cap_leaves_no_swap_folder(job, tmp_path, signum):
+    """`teraio profile --gpu-mem` evicts to swap files as `teraio run` does; stopped by a
+    supervisor, its job left its swap folder behind (the signal killed it past atexit)."""
+    cap = int(live_bytes_per_kernel(load_trace(job / "t.msgpack")).max()) // 2
+    command = [sys.executable, "-m", "teraio", "profile", "--run-to-completion", "--gpu-mem", str(cap),
+               "--ssd-dir", str(tmp_path / "ssd"), "-o", str(tmp_path / "capped.msgpack"), "--", PYTHON,
+               str(job / "train.py"), "100000", str(tmp_path / "ready")]
+    status, job_pid, output = signal_teraio(command, tmp_path, signum)
+    assert status == 128 + signum and "profiling under a" in output, output
+    with pytest.raises(ProcessLookupError):
+        os.kill(job_pid, 0)
+    assert list((tmp_path / "ssd").iterdir()) == []
+
+
 def test_ctrl_c_at_a_terminal_stops_the_job_once_and_exits_130(job, tmp_path):
     """The terminal sends SIGINT to its foreground process group: teraio's. The job, in a
     session of its own, gets it once, from teraio."""
