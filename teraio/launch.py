@@ -100,11 +100,21 @@ def run_command(command: list[str], settings: Settings, defaults: dict[str, str]
     own session]); returns how the job ended."""
     forwarder = _SignalForwarder()
     with forwarder.installed():
-        proc = subprocess.Popen(command, env=child_env(settings, defaults), start_new_session=True)
+        proc = _start(command, child_env(settings, defaults))
         forwarder.attach(proc)
         returncode = proc.wait()
         forwarder.stop_stragglers()
     return JobExit(shell_status(returncode), forwarder.forwarded)
+
+
+def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The job in a session of its own; one that cannot be executed (a script whose #! names no
+    interpreter, more arguments than the system takes) is one line, as a shell says it."""
+    try:
+        return subprocess.Popen(command, env=env, start_new_session=True)
+    except OSError as err:
+        raise UsageError(f"cannot start {command[0]}: {err.strerror}; check the command (a script's "
+                         "#! line, the number of arguments)") from None
 
 
 def shell_status(returncode: int) -> int:

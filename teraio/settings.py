@@ -11,6 +11,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 PREFIX = "TERAIO_"
+# The command travels to the job for the headers as one environment string, and Linux takes
+# one of at most 128 KiB (MAX_ARG_STRLEN): a job given 20k arguments, which ran plainly, did
+# not start under teraio ("Argument list too long"). Past this its tail is counted, not kept.
+COMMAND_ENV_CHARS = 16 << 10
 
 
 @dataclass
@@ -58,6 +62,8 @@ class Settings:
             if f.name in ("rank", "world_size"):
                 continue
             value = getattr(self, f.name)
+            if f.name == "command":
+                value = _recorded_command(value)
             env[PREFIX + f.name.upper()] = json.dumps(value) if isinstance(value, list) else str(value)
         return env
 
@@ -67,6 +73,17 @@ class Settings:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _recorded_command(argv: list[str]) -> list[str]:
+    """The arguments that fit in COMMAND_ENV_CHARS of JSON, then how many more there were."""
+    kept, chars = [], 0
+    for i, arg in enumerate(argv):
+        chars += len(json.dumps(arg)) + 2
+        if chars > COMMAND_ENV_CHARS:
+            return kept + [f"... ({len(argv) - i} more arguments)"]
+        kept.append(arg)
+    return kept
 
 
 def _parse(type_name, raw: str):

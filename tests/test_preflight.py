@@ -176,3 +176,10 @@ def test_files_written_are_readable_as_the_umask_allows(job, tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o644  # mkstemp made it 0600
+
+
+def test_a_command_that_cannot_be_executed_is_one_line(job):
+    (job / "train.sh").write_text("#!/nonexistent/python\nprint('ran')\n")
+    (job / "train.sh").chmod(0o755)
+    proc = teraio("run", "--plan", job / "plan.json", "--", "./train.sh", cwd=job)
+    assert "cannot start ./train.sh" in refused(proc, 2, job)  # Popen's FileNotFoundError, traceback and all

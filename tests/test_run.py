@@ -264,3 +264,21 @@ def test_rank_plans_written_by_teraio_plan_are_found_by_teraio_run(tmp_path):
     for rank in (0, 1):
         report = load_report(tmp_path / f"run.rank{rank}.json")
         assert report.header.plan.endswith(f"t.plan.rank{rank}.json") and report.iterations_on_plan >= 1
+
+
+def test_an_argument_list_that_runs_plainly_runs_under_teraio(tmp_path):
+    """The command is recorded for the headers through one environment string, which Linux
+    caps at 128 KiB: 20k arguments ran plainly and failed to start under teraio (E2BIG). The
+    header keeps the first ones and counts the rest."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch\nmodel = torch.nn.Linear(8, 8)\nopt = torch.optim.SGD(model.parameters())\n"
+                      "for _ in range(6):\n    model(torch.randn(2, 8)).sum().backward()\n    opt.step()\n"
+                      "print(len(sys.argv) - 1, 'arguments')\n")
+    args = [str(n) for n in range(20000)]
+    ok(teraio("profile", "--run-to-completion", "-o", tmp_path / "t.msgpack", "--", PYTHON, script, *args,
+              cwd=tmp_path))
+    command = load_trace(tmp_path / "t.msgpack").header.command
+    assert command[:3] == [PYTHON, str(script), "0"] and command[-1].endswith("more arguments)")
+    save_plan(every_period_plan(load_trace(tmp_path / "t.msgpack"), 1 << 30), tmp_path / "plan.json")
+    proc = ok(teraio("run", "--plan", tmp_path / "plan.json", "--", PYTHON, script, *args, cwd=tmp_path))
+    assert "20000 arguments" in proc.stdout
