@@ -22,14 +22,30 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
     # Preflight: what the job would find out only inside (one warning, exit 0, no report).
     _check_report_path(report, plans, [*plan_paths, *argv])
     acting = [plan for plan in plans if plan.entries or not plan.header.prediction.fits]
+    swap_dirs = ssd_dirs or [str(DEFAULT_SWAP_DIR)]
     if acting:  # a plan that moves nothing leaves the job untouched: no pool, no swap files
-        _check_ssd_dirs(ssd_dirs or [str(DEFAULT_SWAP_DIR)], acting)
+        _check_ssd_dirs(swap_dirs, acting)
         _check_host_memory(acting)
     settings = Settings(mode="run", device=device, command=list(argv), strict=strict,
                         plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
                         report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
                         io_backend=io_backend, clean_copies=clean_copies)
-    return run_command(command, settings, CAPPED_JOB_ENV).status
+    status = run_command(command, settings, CAPPED_JOB_ENV).status
+    _remove_dead_swap_folders(swap_dirs)
+    return status
+
+
+def _remove_dead_swap_folders(swap_dirs: list[str]) -> None:
+    """A job killed past its exit handlers (SIGKILL, the OOM killer) leaves its swap folders
+    behind, which only the next run on the same folder removed: remove them now. Those of
+    processes still alive (another teraio run on the same --ssd-dir) are kept."""
+    left = [Path(base) for base in swap_dirs if Path(base).is_dir() and any(Path(base).glob("teraio-*-r*"))]
+    if not left:
+        return
+    from teraio_run.tiers import remove_stale_run_dirs  # imports torch: only when there is something to do
+
+    for base in left:
+        remove_stale_run_dirs(base)
 
 
 def _plan_paths(plan_path: Path) -> list[Path]:

@@ -189,8 +189,13 @@ def test_ctrl_c_at_a_terminal_stops_the_job_once_and_exits_130(job, tmp_path):
 
 
 def test_a_job_killed_by_sigkill_makes_teraio_exit_137(job, tmp_path):
+    """The job dies past its exit handlers: teraio removes its swap folder (it stayed until
+    the next run on the same --ssd-dir), and keeps one of a run still alive."""
+    alive = tmp_path / "ssd" / f"teraio-{os.getpid()}-r0"
+    alive.mkdir(parents=True)
     proc = teraio(*run_args(job, tmp_path, "--kill-self")[3:], cwd=tmp_path, timeout=START_TIMEOUT_S)
     assert proc.returncode == 137, proc.stderr  # 128 + 9, as a shell says it (not 247)
+    assert list((tmp_path / "ssd").iterdir()) == [alive]
 
 
 def _drain(fd: int, sink: bytearray) -> None:
