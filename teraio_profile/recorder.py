@@ -18,7 +18,12 @@ all are exempt) and p divides the steps since the job began (the runtime counts 
 from the first step: Note [Iteration boundary] in teraio/walk.py). Op counts and not
 hashes, so that a job whose shapes change every step (dynamic padding) still shows its
 cycle. Two optimizers stepped in one loop give steps of 703 and 8 ops, alternating: p = 2.
-Without a cycle after MAX_SETTLE_STEPS steps, one step is one iteration. The walk then ends
+A loop that steps one optimizer after another repeats every k steps, of which only the first
+runs a backward: where steps without a backward show it, p may be up to
+MAX_OPTIMIZERS_PER_ITERATION (six optimizers stepped after each backward were taken for one
+step an iteration, since no cycle up to 4 was found: the trace was one optimizer's step, with
+no forward or backward, and a plan for half its peak held a sixth of the job). Without a
+cycle after SETTLE_CYCLES times the longest, one step is one iteration. The walk then ends
 an iteration every p steps. Recording starts with the next iteration once the warm-up is
 over and the last two iterations ran the same ops by structural hash (op names, outputs'
 dtypes and ranks: teraio/walk.py op_structure; DDP rebuilds its buckets after the first one;
@@ -97,7 +102,8 @@ from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes
 NOT_FREED = -1
 MAX_SETTLE_ITERATIONS = 4
 MAX_AUTO_STEPS_PER_ITERATION = 4   # longer cycles: --steps-per-iteration
-MAX_SETTLE_STEPS = 3 * MAX_AUTO_STEPS_PER_ITERATION  # a first cycle that differs, then two alike
+MAX_OPTIMIZERS_PER_ITERATION = 16  # Note [Steady state]: a cycle whose other steps only apply gradients
+SETTLE_CYCLES = 3                  # cycles without one before a step is an iteration: one differs, two alike
 MIN_VARYING_CANDIDATES = 3        # Note [Shapes that vary]: iterations compared at least
 IMMORTAL_KINDS = (Kind.parameter, Kind.optimizer_state)  # owned for the whole run: never watched for death
 
@@ -419,14 +425,22 @@ class TraceRecorder(WalkListener):
             self.cycle_counts[self._cycle_key()] = 2 if repeated else 1
 
     def _find_cycle(self) -> bool:
-        p = cycle_length(self.step_ops, self.step_backward, MAX_AUTO_STEPS_PER_ITERATION)
-        if p is None and len(self.step_ops) >= self.warmup + MAX_SETTLE_STEPS:
+        longest = self._longest_cycle()
+        p = cycle_length(self.step_ops, self.step_backward, longest)
+        if p is None and len(self.step_ops) >= self.warmup + SETTLE_CYCLES * longest:
             p = 1  # no cycle: every step is an iteration, whatever the job does then
         if p is None:
             return False
         self.walk.steps_per_iteration = p  # the walk is at a step that p divides (cycle_length)
         self.cycle_known = True
         return True
+
+    def _longest_cycle(self) -> int:
+        """Note [Steady state]: a job that trains but has steps without a backward (they only
+        apply gradients: several optimizers a loop) may repeat over more steps."""
+        backward = self.step_backward
+        several = any(backward) and not all(backward)
+        return MAX_OPTIMIZERS_PER_ITERATION if several else MAX_AUTO_STEPS_PER_ITERATION
 
     def _count_cycle(self, iteration: int) -> None:
         """Note [Which iteration is recorded]: re-record when the window ran uncommon ops."""
