@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli_helpers import teraio
+from cli_helpers import one_line_error, teraio
 from plan_helpers import GiB, T, layered_trace, make_trace
 from teraio.app.cli import cli
 from teraio.app.commands.plan import default_output
@@ -93,6 +93,21 @@ def test_bad_input_is_one_line_and_no_plan_file(tmp_path, args, code, words):
     res = CliRunner().invoke(cli, ["plan", str(path), *args], terminal_width=300)
     assert res.exit_code == code and words in res.output and "Traceback" not in res.output
     assert not (tmp_path / "t.plan.json").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["plan", "{trace}", "--gpu-mem", "6XB"], "cannot read size '6XB'"),
+    (["plan"], "Missing argument"),
+    (["inspect", "{folder}"], "is a directory"),
+    (["plan", "{trace}", "--no-such-option"], "No such option"),
+    (["frobnicate"], "No such command"),
+])
+def test_click_usage_errors_are_one_line_too(tmp_path, args, words):
+    """click printed its usage, a hint and the error on three lines; every other mistake is one."""
+    path = write_trace(tmp_path / "t.msgpack")
+    proc = teraio(*[a.format(trace=path, folder=tmp_path) for a in args], cwd=tmp_path)
+    last = one_line_error(proc, 2)
+    assert words in last and "--help" in last and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_a_budget_below_any_kernel_names_the_least_that_runs_and_the_least_that_fits(tmp_path):

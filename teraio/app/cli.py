@@ -17,17 +17,40 @@ err_console = Console(stderr=True, highlight=False)
 
 
 class TeraioGroup(click.Group):
-    """Turns a TeraioError from any subcommand into one line and its exit code."""
+    """Turns a TeraioError from any subcommand into one line and its exit code, and click's own
+    usage errors too (a bad unit, a missing argument, a folder given for a file): click printed
+    three lines, its usage, a hint and the error, where every other mistake is one."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False   # click's exceptions come here, not to its printer
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Exit as done:   # --help, --version
+            sys.exit(done.exit_code)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx is not None else "teraio"
+            _say(f"{err.format_message()} (see {where} --help)")
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            _say(err.format_message())
+            sys.exit(err.exit_code)
+        except click.Abort:   # Ctrl-C or end of input at one of click's prompts
+            _say("interrupted")
+            sys.exit(130)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except TeraioError as err:
-            err_console.print(f"[bold red]teraio:[/] {escape(str(err))}", soft_wrap=True)  # "[view]" is no markup
+            _say(str(err))
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
-            err_console.print("[bold red]teraio:[/] interrupted")
+            _say("interrupted")
             sys.exit(130)
+
+
+def _say(message: str) -> None:
+    err_console.print(f"[bold red]teraio:[/] {escape(message)}", soft_wrap=True)  # "[view]" is no markup
 
 
 @click.group(cls=TeraioGroup, context_settings={"help_option_names": ["-h", "--help"]})
