@@ -34,6 +34,11 @@ def parse_size(text: str | int) -> int:
     return nbytes
 
 
+def is_size_unit(text: str) -> bool:
+    """Whether text is a unit alone ("MiB"): what a size typed with a space leaves behind."""
+    return bool(text) and text.lower() in _SIZE_UNITS
+
+
 def format_bytes(nbytes: float) -> str:
     """Binary units, 3 significant digits: 1.50 GiB, 12.0 MiB, 512 B."""
     value = float(nbytes)

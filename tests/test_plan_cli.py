@@ -110,6 +110,12 @@ def test_click_usage_errors_are_one_line_too(tmp_path, args, words):
     assert words in last and "--help" in last and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_a_size_typed_with_a_space_says_to_drop_the_space(tmp_path):
+    path = write_trace(tmp_path / "t.msgpack")
+    last = one_line_error(teraio("plan", path, "--gpu-mem", "6", "MiB", cwd=tmp_path), 3)
+    assert "without a space" in last and "40MiB, not 40 MiB" in last
+
+
 def test_a_budget_below_any_kernel_names_the_least_that_runs_and_the_least_that_fits(tmp_path):
     """Two floors (teraio_plan/memory.py): the refusal names both, so the number it gives for a
     plan that fits is not answered by a second complaint (`fits: false` below it)."""

@@ -9,6 +9,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from teraio.errors import FileFormatError, UsageError
+from teraio.units import is_size_unit
 
 TRACE_FORMAT = "teraio-trace"
 PLAN_FORMAT = "teraio-plan"
@@ -77,6 +78,9 @@ def read_raw(path: str | Path) -> dict:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
+        if is_size_unit(str(path)):   # `--gpu-mem 6 MiB`: the size took "6", the unit became a file
+            raise FileFormatError(f"{path} does not exist: if it is a size's unit, write it without a space "
+                                  f"(40{path}, not 40 {path})") from None
         raise FileFormatError(f"{path} does not exist: check the path") from None
     except IsADirectoryError:
         raise FileFormatError(f"{path} is a folder: give a trace, plan or report file") from None
