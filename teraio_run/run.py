@@ -9,8 +9,9 @@ from teraio.formats.common import refuse_overwriting_input
 from teraio.formats.plan import Plan, load_plan
 from teraio.launch import CAPPED_JOB_ENV, mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings, rank_path
+from teraio.swap_dirs import DEFAULT_SWAP_DIR
 from teraio.units import format_bytes
-from teraio_run.layout import DEFAULT_SWAP_DIR, STRIPE_MIN_BYTES
+from teraio_run.layout import STRIPE_MIN_BYTES
 
 
 def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_mem_bytes: int,
@@ -30,22 +31,7 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
                         plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
                         report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
                         io_backend=io_backend, clean_copies=clean_copies)
-    status = run_command(command, settings, CAPPED_JOB_ENV).status
-    _remove_dead_swap_folders(swap_dirs)
-    return status
-
-
-def _remove_dead_swap_folders(swap_dirs: list[str]) -> None:
-    """A job killed past its exit handlers (SIGKILL, the OOM killer) leaves its swap folders
-    behind, which only the next run on the same folder removed: remove them now. Those of
-    processes still alive (another teraio run on the same --ssd-dir) are kept."""
-    left = [Path(base) for base in swap_dirs if Path(base).is_dir() and any(Path(base).glob("teraio-*-r*"))]
-    if not left:
-        return
-    from teraio_run.tiers import remove_stale_run_dirs  # imports torch: only when there is something to do
-
-    for base in left:
-        remove_stale_run_dirs(base)
+    return run_command(command, settings, CAPPED_JOB_ENV).status
 
 
 def _plan_paths(plan_path: Path) -> list[Path]:

@@ -14,10 +14,10 @@ import torch
 from teraio.errors import PlanMismatchError, UsageError
 from teraio.formats.plan import Plan, load_plan
 from teraio.settings import Settings, rank_path
+from teraio.swap_dirs import DEFAULT_SWAP_DIR
 from teraio.units import format_bytes
 from teraio_run.agent import RunAgent
 from teraio_run.engine import MigrationEngine
-from teraio_run.layout import DEFAULT_SWAP_DIR
 from teraio_run.replay import ReplayTier
 from teraio_run.tiers import HostPool, HostTier, KvikioFiles, PosixFiles, SsdTier, make_run_dirs
 

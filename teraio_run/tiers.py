@@ -42,7 +42,6 @@ import bisect
 import ctypes
 import errno
 import os
-import shutil
 import threading
 import time
 import weakref
@@ -52,6 +51,7 @@ from typing import Protocol
 
 import torch
 
+from teraio import swap_dirs
 from teraio_run.layout import STRIPE_MIN_BYTES
 
 POOL_ALIGN_BYTES = 512
@@ -552,28 +552,8 @@ def make_run_dirs(ssd_dirs: list[str], rank: int) -> list[Path]:
     for base in ssd_dirs:
         base_path = Path(base)
         base_path.mkdir(parents=True, exist_ok=True)
-        remove_stale_run_dirs(base_path)
-        run_dir = base_path / f"teraio-{os.getpid()}-r{rank}"
-        run_dir.mkdir(exist_ok=True)
-        run_dirs.append(run_dir)
+        swap_dirs.remove_dead_run_dirs([base_path])
+        own = swap_dirs.run_dir(base_path, rank)
+        own.mkdir(exist_ok=True)
+        run_dirs.append(own)
     return run_dirs
-
-
-def remove_stale_run_dirs(base: Path) -> None:
-    for old in base.glob("teraio-*-r*"):
-        try:
-            pid = int(old.name.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        if not _pid_alive(pid):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -235,3 +235,15 @@ def _kill_if_alive(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+
+
+def test_a_profile_under_a_cap_whose_job_is_killed_by_sigkill_leaves_no_swap_folder(job, tmp_path):
+    """teraio/swap_dirs.py: the profile's launcher sweeps the swap folders of dead jobs as the
+    run's does (it kept teraio-PID-r0 until a later run on the same folder)."""
+    cap = int(live_bytes_per_kernel(load_trace(job / "t.msgpack")).max()) // 2
+    proc = teraio("profile", "--run-to-completion", "--gpu-mem", cap, "--ssd-dir", tmp_path / "ssd",
+                  "-o", tmp_path / "capped.msgpack", "--", PYTHON, job / "train.py", "100000",
+                  tmp_path / "ready", "--kill-self", cwd=tmp_path, timeout=START_TIMEOUT_S)
+    # a job that dies before its profile is complete is the script's error (exit 4), its code said
+    assert proc.returncode == 4 and "exited with code 137" in proc.stderr, proc.stderr
+    assert "profiling under a" in proc.stderr and (tmp_path / "ssd").is_dir() and list((tmp_path / "ssd").iterdir()) == []
