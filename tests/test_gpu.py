@@ -125,6 +125,29 @@ def test_each_rank_is_capped_and_copies_on_its_own_gpu(tmp_path, monkeypatch):
         assert 0 < report.achieved_gbps["d2h"] < 200  # PCIe Gen5 x16 is 64 GB/s
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_ranks_spawned_without_set_device_are_capped_and_copy_on_their_own_gpu(tmp_path):
+    """Note in teraio/app/bootstrap/__init__.py use_job_gpu: torch.multiprocessing.spawn's ranks
+    move with .to(rank) and leave cuda:0 current; rank 1's agent capped cuda:0 and ordered its
+    copies after cuda:0's work while the job computed on cuda:1."""
+    script = (sys.executable, CLIENTS / "spawn_ddp.py", "--device", "cuda", "--steps", "8")
+    run(*script[1:], "--out", tmp_path / "plain.json", cwd=tmp_path)
+    run("-m", "teraio", "profile", "--run-to-completion", "-o", tmp_path / "t.msgpack", "--", *script,
+        "--out", tmp_path / "p.json", cwd=tmp_path)
+    for rank in (0, 1):
+        trace = load_trace(tmp_path / f"t.rank{rank}.msgpack")
+        budget = int(live_bytes_per_kernel(trace).max()) // 2
+        save_plan(every_period_plan(trace, budget_bytes=budget, tiers=("host",)), tmp_path / f"plan.rank{rank}.json")
+    proc = run("-m", "teraio", "run", "--plan", tmp_path / "plan.json", "--gpu-mem", "8GiB", "--report",
+               tmp_path / "run.json", "--ssd-dir", tmp_path / "ssd", "--", *script, "--out", tmp_path / "l.json",
+               cwd=tmp_path)
+    assert "teraio makes cuda:1 current" in proc.stderr, proc.stderr
+    assert losses(tmp_path / "l.json") == losses(tmp_path / "plain.json")
+    for rank in (0, 1):
+        report = load_report(tmp_path / f"run.rank{rank}.json")
+        assert report.header.device == f"cuda:{rank}" and report.iterations_on_plan >= 1
+
+
 def test_a_full_pool_waits_on_the_copy_in_event_not_the_disk(tmp_path):
     """The CUDA side of the pool wait: a slot still read by a queued copy-in is free once its
     event has passed, and the next offload lands in the host pool, not on the disk."""

@@ -60,18 +60,30 @@ def is_dataloader_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
-def use_local_rank_gpu(settings: Settings) -> None:
+def use_job_gpu(settings: Settings, first_op_gpu: int | None) -> None:
     """torchrun starts every worker on cuda:0 and a DDP script moves to cuda:LOCAL_RANK only
     once it runs, after the agent has capped the current device's memory and made its copy
     streams there. Rank 1 then had no cap on its own GPU and its copies ran on its compute
-    stream, timed by events on GPU 0. Move first; the script's own set_device is a no-op."""
-    local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is None or settings.device_type() != "cuda":
+    stream, timed by events on GPU 0. Move first; the script's own set_device is a no-op.
+    Without LOCAL_RANK (torch.multiprocessing.spawn's ranks, which the DDP tutorial moves with
+    `.to(rank)` and never makes current) the GPU is the one the job's first op on a GPU used:
+    with cuda:0 current, the agent capped cuda:0 and ordered its copies after cuda:0's work
+    while the job computed on cuda:1, so a copy could read a tensor still being written. That
+    GPU is made current, as set_device(rank) would, and said once."""
+    if settings.device_type() != "cuda":
         return
     import torch
 
-    if 0 < int(local_rank) < torch.cuda.device_count():  # one visible GPU per rank: nothing to pick
-        torch.cuda.set_device(int(local_rank))
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None:
+        if 0 < int(local_rank) < torch.cuda.device_count():  # one visible GPU per rank: nothing to pick
+            torch.cuda.set_device(int(local_rank))
+        return
+    if first_op_gpu is not None and first_op_gpu != torch.cuda.current_device():
+        print(f"teraio: rank {settings.rank} computes on cuda:{first_op_gpu} with cuda:{torch.cuda.current_device()} "
+              f"current (no LOCAL_RANK, no torch.cuda.set_device): teraio makes cuda:{first_op_gpu} current, "
+              "where it caps memory and orders its copies", file=sys.stderr)
+        torch.cuda.set_device(first_op_gpu)
 
 
 def with_job_rank(settings: Settings) -> Settings:
@@ -94,10 +106,11 @@ def with_job_rank(settings: Settings) -> Settings:
     return dataclasses.replace(settings, rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
-def start(settings: Settings):
-    """Start the agent for settings.mode now; returns it (None when it stays out of the way)."""
+def start(settings: Settings, first_op_gpu: int | None = None):
+    """Start the agent for settings.mode now; returns it (None when it stays out of the way).
+    first_op_gpu: the index of the GPU the job's first op there used (None: not given)."""
     settings = with_job_rank(settings)
-    use_local_rank_gpu(settings)
+    use_job_gpu(settings, first_op_gpu)
     if settings.mode == "profile":
         from teraio_profile.agent import start as start_profile
         make_keeper = None
@@ -110,10 +123,10 @@ def start(settings: Settings):
     return None
 
 
-def start_guarded(settings: Settings):
+def start_guarded(settings: Settings, first_op_gpu: int | None = None):
     """The job must train even if the agent cannot start, unless --strict."""
     try:
-        return start(settings)
+        return start(settings, first_op_gpu)
     except SystemExit:
         raise
     except TeraioError as err:

@@ -12,17 +12,17 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
 
-def touches_device(device_type: str, args, kwargs) -> bool:
-    """Whether an op reads, writes or makes a tensor on the device: a tensor argument there,
-    a `device=` there, or (on CPU) a factory op with neither, which makes CPU tensors."""
+def device_touched(device_type: str, args, kwargs) -> torch.device | None:
+    """The device of that type an op reads, writes or makes a tensor on: a `device=` there, a
+    tensor argument there, or (on CPU) a factory op with neither, which makes CPU tensors."""
     device = kwargs.get("device")
     if device is not None and torch.device(device).type == device_type:
-        return True
+        return torch.device(device)
     tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
     tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
     if not tensors:
-        return device is None and device_type == "cpu"
-    return any(t.device.type == device_type for t in tensors)
+        return torch.device("cpu") if device is None and device_type == "cpu" else None
+    return next((t.device for t in tensors if t.device.type == device_type), None)
 
 
 
@@ -70,12 +70,14 @@ class StartOnFirstOp(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.pending and touches_device(self.device_type, args, kwargs):
-            self.pending = False
-            self._start()
+        if self.pending:
+            device = device_touched(self.device_type, args, kwargs)
+            if device is not None:
+                self.pending = False
+                self._start(device)
         return func(*args, **kwargs)
 
-    def _start(self) -> None:
+    def _start(self, device: torch.device) -> None:
         from teraio import compile_guard
         from teraio.app.bootstrap import is_dataloader_worker, start_guarded
 
@@ -84,7 +86,7 @@ class StartOnFirstOp(TorchDispatchMode):
         # The first op may run under no_grad, inference_mode or a `with torch.device(...)`
         # block: the agent's own tensors (its host pool) must not be made under them.
         with torch.inference_mode(False), torch.enable_grad(), torch._C.DisableTorchFunction(), _job_draws_kept():
-            agent = start_guarded(self.settings)
+            agent = start_guarded(self.settings, device.index)
         walk = getattr(agent, "walk", None)
         from teraio.walk import _active_walk
 
