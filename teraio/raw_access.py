@@ -69,7 +69,9 @@ SAVERS = {
     "safetensors.torch": ("save_model",),
     "accelerate.utils.other": ("save",),
     "accelerate.accelerator": ("Accelerator.save_model",),
-    "torch.jit._script": ("RecursiveScriptModule.save", "RecursiveScriptModule.save_to_buffer"),
+    # a scripted module's class and a traced one's base each hold their own reference
+    "torch.jit._script": ("RecursiveScriptModule.save", "RecursiveScriptModule.save_to_buffer",
+                          "ScriptModule.save", "ScriptModule.save_to_buffer"),
 }
 EXPORTS = ("numpy", "__dlpack__")   # Tensor methods that hand out a pointer
 STORAGE_COPIES = ("clone", "cpu")   # UntypedStorage methods that size a copy before any op runs
