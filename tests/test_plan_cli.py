@@ -101,6 +101,7 @@ def test_bad_input_is_one_line_and_no_plan_file(tmp_path, args, code, words):
     (["inspect", "{folder}"], "is a directory"),
     (["plan", "{trace}", "--no-such-option"], "No such option"),
     (["frobnicate"], "No such command"),
+    (["run", "--plan"], "requires an argument. (see teraio run --help)"),
 ])
 def test_click_usage_errors_are_one_line_too(tmp_path, args, words):
     """click printed its usage, a hint and the error on three lines; every other mistake is one."""
@@ -108,6 +109,11 @@ def test_click_usage_errors_are_one_line_too(tmp_path, args, words):
     proc = teraio(*[a.format(trace=path, folder=tmp_path) for a in args], cwd=tmp_path)
     last = one_line_error(proc, 2)
     assert words in last and "--help" in last and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_teraio_alone_shows_its_help(tmp_path):
+    proc = teraio(cwd=tmp_path)
+    assert proc.returncode == 2 and "teraio: " not in proc.stderr and "Commands:" in proc.stderr
 
 
 def test_a_size_typed_with_a_space_says_to_drop_the_space(tmp_path):

@@ -24,12 +24,12 @@ class TeraioGroup(click.Group):
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False   # click's exceptions come here, not to its printer
         try:
-            return super().main(*args, **kwargs)
-        except click.exceptions.Exit as done:   # --help, --version
-            sys.exit(done.exit_code)
+            code = super().main(*args, **kwargs)   # without standalone mode, an Exit's code is returned
+        except click.exceptions.NoArgsIsHelpError as err:   # `teraio` alone: the help, as click shows it
+            click.echo(err.ctx.get_help(), err=True)
+            sys.exit(err.exit_code)
         except click.UsageError as err:
-            where = err.ctx.command_path if err.ctx is not None else "teraio"
-            _say(f"{err.format_message()} (see {where} --help)")
+            _say(f"{err.format_message()} (see {self._help_for(err.ctx)} --help)")
             sys.exit(err.exit_code)
         except click.ClickException as err:
             _say(err.format_message())
@@ -37,6 +37,15 @@ class TeraioGroup(click.Group):
         except click.Abort:   # Ctrl-C or end of input at one of click's prompts
             _say("interrupted")
             sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def _help_for(self, ctx) -> str:
+        """The command whose --help answers a usage error: an option's missing value is found
+        before the subcommand's context exists, so its name is read from the arguments."""
+        if ctx is not None and ctx.command is not self:
+            return ctx.command_path
+        given = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+        return f"teraio {given}" if given in self.commands else "teraio"
 
     def invoke(self, ctx):
         try:
