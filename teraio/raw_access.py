@@ -215,7 +215,8 @@ class _Discard:
 
 def _bare_storages(obj) -> list:
     """The storages torch.save(obj) writes as themselves, not as a tensor's (obj is one, or a
-    checkpoint holds one): found by pickling obj once into nothing, every tensor a token. An
+    checkpoint holds one): found by pickling obj once into nothing, every tensor a token (the
+    cost: one pass over what is not a tensor; an object whose __reduce__ acts runs it twice). An
     object that does not pickle is left to torch.save, which says why."""
     import pickle
 
@@ -238,7 +239,8 @@ def _bare_storages(obj) -> list:
             return None
 
     try:
-        StorageFinder(_Discard(), protocol=2).dump(obj)
+        # protocol 5, buffers out of band: a numpy array's bytes are handed over, not copied
+        StorageFinder(_Discard(), protocol=5, buffer_callback=lambda buffer: None).dump(obj)
     except Exception:   # noqa: BLE001 (torch.save pickles it next and raises what is wrong)
         return []
     return found

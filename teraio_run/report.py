@@ -86,15 +86,13 @@ def _peak_bytes(agent) -> int:
 
 
 def finish(agent, context) -> None:
-    """At exit: write the report, print its summary, remove the swap folders."""
-    from teraio.views import print_report
-
+    """At exit: print the report's summary, write the report, remove the swap folders."""
     try:
         if agent.log.iteration_s or agent.engine.stats.io_errors:  # a failure is worth a report at any time
             report = build_report(agent, context)
-            from rich.console import Console
-            # the summary first: a report file that cannot be written (a full disk) still leaves it
-            print_report(report, Console(stderr=True, highlight=False), title=f"teraio run, rank {report.header.rank}")
+            # each apart: a report file that cannot be written (a full disk) still leaves the summary,
+            # and a summary that cannot be printed (stderr closed, a broken pipe) still leaves the file
+            _print_summary(report)
             if context.settings.report:
                 save_report(report, rank_path(context.settings.report, context.settings.rank,
                                               context.settings.world_size))
@@ -105,6 +103,17 @@ def finish(agent, context) -> None:
         remove_run_dirs(context)
     if agent.engine.stats.lost_tensors and getattr(sys, "last_value", None) is None:
         _exit_failed()
+
+
+def _print_summary(report) -> None:
+    from rich.console import Console
+
+    from teraio.views import print_report
+
+    try:
+        print_report(report, Console(stderr=True, highlight=False), title=f"teraio run, rank {report.header.rank}")
+    except Exception:   # noqa: BLE001 (nowhere to say it: stderr is what failed)
+        pass
 
 
 def _exit_failed() -> None:
