@@ -17,7 +17,7 @@ from pathlib import Path
 
 from teraio.errors import UsageError
 from teraio.settings import Settings
-from teraio.swap_dirs import DEFAULT_SWAP_DIR, remove_dead_run_dirs
+from teraio.swap_dirs import remove_dead_run_dirs, swap_bases
 
 # The app's sitecustomize, found by path: the launcher (used by the profile and run stages)
 # names the folder but never imports the app (Layers in docs/runtime.md).
@@ -106,7 +106,7 @@ def run_command(command: list[str], settings: Settings, defaults: dict[str, str]
         returncode = proc.wait()
         forwarder.stop_stragglers()
     if settings.mode == "run" or settings.gpu_mem_bytes:  # the job may have made swap folders
-        remove_dead_run_dirs(settings.ssd_dirs or [DEFAULT_SWAP_DIR])   # teraio/swap_dirs.py
+        remove_dead_run_dirs(swap_bases(settings.ssd_dirs))   # teraio/swap_dirs.py
     return JobExit(shell_status(returncode), forwarder.forwarded)
 
 

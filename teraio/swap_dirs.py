@@ -2,34 +2,71 @@
 runtime: teraio_run/tiers.py make_run_dirs) and removes it at exit; what a job killed past its
 exit handlers left (SIGKILL, the OOM killer) is removed by the launcher when the job ends, for
 `teraio run` and a profile under a cap alike, and by the next run on the folder. No torch here:
-the launchers must not import it."""
+the launchers must not import it.
 
+Note [Whose swap folder is alive]
+A folder's PID says little where the disk is shared between PID namespaces (containers on one
+host's NVMe): another namespace's live job may have a PID that is nobody here, and removing its
+folder would lose the bytes it swapped out. So the process that makes a folder holds an flock on
+the folder's `.lock` for as long as it lives (the kernel lets it go at any death, SIGKILL too,
+and across namespaces the lock is the same), and a sweep removes only folders whose lock it can
+take; a folder without one (made before the lock existed) goes by its PID, as before."""
+
+import fcntl
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 DEFAULT_SWAP_DIR = Path(tempfile.gettempdir()) / "teraio-swap"   # when no --ssd-dir is given
+LOCK_NAME = ".lock"
+_held_locks: list[int] = []   # this process's folders' lock descriptors, open until it exits
 
 
-def run_dir(base: Path, rank: int) -> Path:
-    """This process's swap folder in `base`."""
-    return base / f"teraio-{os.getpid()}-r{rank}"
+def swap_bases(ssd_dirs: list[str]) -> list[str]:
+    """The folders swap files go to: the given ones, else the default."""
+    return list(ssd_dirs) or [str(DEFAULT_SWAP_DIR)]
+
+
+def make_run_dir(base: Path, rank: int) -> Path:
+    """This process's swap folder in `base`, made and held (Note [Whose swap folder is alive])."""
+    own = base / f"teraio-{os.getpid()}-r{rank}"
+    own.mkdir(exist_ok=True)
+    fd = os.open(own / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held_locks.append(fd)
+    return own
 
 
 def remove_dead_run_dirs(bases: list[str | Path]) -> None:
-    """Remove the swap folders of processes no longer alive (another job on the same folder keeps its own)."""
+    """Remove the swap folders no live process holds (another job on the same folder keeps its own)."""
     for base in map(Path, bases):
         for old in base.glob("teraio-*-r*") if base.is_dir() else ():
-            try:
-                pid = int(old.name.split("-")[1])
-            except (IndexError, ValueError):
-                continue
-            if not _pid_alive(pid):
+            if not _held(old):
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def _held(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:   # no lock: an older folder, or one made this instant
+        return _pid_alive(folder)
+    except OSError:
+        return True   # unreadable: not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)   # closing lets go of the lock taken, if it was
+    return False
+
+
+def _pid_alive(folder: Path) -> bool:
+    try:
+        pid = int(folder.name.split("-")[1])
+    except (IndexError, ValueError):
+        return True   # not a name we make: leave it
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

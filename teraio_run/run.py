@@ -9,7 +9,7 @@ from teraio.formats.common import refuse_overwriting_input
 from teraio.formats.plan import Plan, load_plan
 from teraio.launch import CAPPED_JOB_ENV, mem_available_bytes, resolve_command, run_command
 from teraio.settings import Settings, rank_path
-from teraio.swap_dirs import DEFAULT_SWAP_DIR
+from teraio.swap_dirs import DEFAULT_SWAP_DIR, swap_bases
 from teraio.units import format_bytes
 from teraio_run.layout import STRIPE_MIN_BYTES
 
@@ -23,7 +23,7 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
     # Preflight: what the job would find out only inside (one warning, exit 0, no report).
     _check_report_path(report, plans, [*plan_paths, *argv])
     acting = [plan for plan in plans if plan.entries or not plan.header.prediction.fits]
-    swap_dirs = ssd_dirs or [str(DEFAULT_SWAP_DIR)]
+    swap_dirs = swap_bases(ssd_dirs)
     if acting:  # a plan that moves nothing leaves the job untouched: no pool, no swap files
         _check_ssd_dirs(swap_dirs, acting)
         _check_host_memory(acting)

@@ -14,7 +14,7 @@ import torch
 from teraio.errors import PlanMismatchError, UsageError
 from teraio.formats.plan import Plan, load_plan
 from teraio.settings import Settings, rank_path
-from teraio.swap_dirs import DEFAULT_SWAP_DIR
+from teraio.swap_dirs import swap_bases
 from teraio.units import format_bytes
 from teraio_run.agent import RunAgent
 from teraio_run.engine import MigrationEngine
@@ -82,7 +82,7 @@ def build_agent(settings: Settings, plan: Plan, plan_path: Path) -> tuple[RunAge
 def build_engine(settings: Settings, pool_bytes: int, cuda: bool) -> tuple[MigrationEngine, RunContext]:
     """The migration engine over a host pool of pool_bytes and this rank's swap folders."""
     threads = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="teraio-io")
-    ssd_dirs = settings.ssd_dirs or [str(DEFAULT_SWAP_DIR)]
+    ssd_dirs = swap_bases(settings.ssd_dirs)
     run_dirs = make_run_dirs(ssd_dirs, settings.rank)
     files = choose_files(settings.io_backend, cuda)
     if cuda and pool_bytes >= PIN_NOTICE_BYTES:

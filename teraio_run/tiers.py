@@ -553,7 +553,5 @@ def make_run_dirs(ssd_dirs: list[str], rank: int) -> list[Path]:
         base_path = Path(base)
         base_path.mkdir(parents=True, exist_ok=True)
         swap_dirs.remove_dead_run_dirs([base_path])
-        own = swap_dirs.run_dir(base_path, rank)
-        own.mkdir(exist_ok=True)
-        run_dirs.append(own)
+        run_dirs.append(swap_dirs.make_run_dir(base_path, rank))
     return run_dirs
