@@ -18,6 +18,7 @@ from pathlib import Path
 from teraio.errors import UsageError
 from teraio.settings import Settings
 from teraio.swap_dirs import remove_dead_run_dirs, swap_bases
+from teraio.units import SIZE_WITH_A_SPACE, is_size_unit
 
 # The app's sitecustomize, found by path: the launcher (used by the profile and run stages)
 # names the folder but never imports the app (Layers in docs/runtime.md).
@@ -37,7 +38,8 @@ def resolve_command(argv: list[str]) -> list[str]:
             raise UsageError(f"{first} is not a Python script: give a .py file or a command after --")
         return [sys.executable, *argv]
     if shutil.which(first) is None:
-        raise UsageError(f"command {first!r} not found: check the spelling or give a script path")
+        raise UsageError(f"command {first!r} not found: check the spelling or give a script path"
+                         + (f" ({SIZE_WITH_A_SPACE.format(unit=first)})" if is_size_unit(first) else ""))
     return list(argv)
 
 

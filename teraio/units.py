@@ -34,6 +34,11 @@ def parse_size(text: str | int) -> int:
     return nbytes
 
 
+# what to say where a file or a command is named like a unit: `--gpu-mem 6 MiB` read "6" as the
+# size and "MiB" as the next argument
+SIZE_WITH_A_SPACE = "if {unit} is the unit of a size, write the two together: --gpu-mem 24{unit}, not 24 {unit}"
+
+
 def is_size_unit(text: str) -> bool:
     """Whether text is a unit alone ("MiB"): what a size typed with a space leaves behind."""
     return bool(text) and text.lower() in _SIZE_UNITS

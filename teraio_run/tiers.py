@@ -146,8 +146,9 @@ def cpu_copy(threads: ThreadPoolExecutor, path: str, dst: torch.Tensor, src: tor
 def timed_memmove(dst: torch.Tensor, src: torch.Tensor) -> tuple[float, float]:
     """Copy src's bytes over dst's (contiguous, the same size; both held until it returns) and
     say when it ran (for the achieved bandwidth)."""
-    if dst.numel() != src.numel():   # copy_ would have refused; memmove would write past dst
-        raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}")
+    # byte views over whole storages and pool slices, both made here: copy_ checked what memmove cannot
+    assert dst.dtype == src.dtype == torch.uint8 and dst.is_contiguous() and src.is_contiguous()
+    assert dst.numel() == src.numel() and dst.device.type == src.device.type == "cpu"
     t0 = time.perf_counter()
     ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel())
     return t0, time.perf_counter()

@@ -119,7 +119,9 @@ def test_teraio_alone_shows_its_help(tmp_path):
 def test_a_size_typed_with_a_space_says_to_drop_the_space(tmp_path):
     path = write_trace(tmp_path / "t.msgpack")
     last = one_line_error(teraio("plan", path, "--gpu-mem", "6", "MiB", cwd=tmp_path), 3)
-    assert "without a space" in last and "40MiB, not 40 MiB" in last
+    assert "write the two together: --gpu-mem 24MiB, not 24 MiB" in last
+    last = one_line_error(teraio("profile", "--gpu-mem", "6", "MiB", "train.py", cwd=tmp_path), 2)
+    assert "command 'MiB' not found" in last and "write the two together" in last
 
 
 def test_a_budget_below_any_kernel_names_the_least_that_runs_and_the_least_that_fits(tmp_path):

@@ -1,5 +1,6 @@
 """Reading, writing and identifying TeraIO files."""
 
+import errno
 import json
 import os
 import secrets
@@ -9,7 +10,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from teraio.errors import FileFormatError, UsageError
-from teraio.units import is_size_unit
+from teraio.units import SIZE_WITH_A_SPACE, is_size_unit
 
 TRACE_FORMAT = "teraio-trace"
 PLAN_FORMAT = "teraio-plan"
@@ -28,6 +29,9 @@ class Producer(Strict):
     torch: str | None = None
     cuda: str | None = None
     kvikio: str | None = None
+
+
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)   # a write the disk (or a quota, a size limit) refused
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -50,8 +54,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as err:  # a full disk: one line, not a traceback
         tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write {path}: {err.strerror}, so nothing was written there; "
-                         "free space or write elsewhere") from None
+        remedy = "free space or write elsewhere" if err.errno in OUT_OF_SPACE else "choose a writable path"
+        raise UsageError(f"cannot write {path}: {err.strerror}, so nothing was written there; {remedy}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -78,10 +82,8 @@ def read_raw(path: str | Path) -> dict:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        if is_size_unit(str(path)):   # `--gpu-mem 6 MiB`: the size took "6", the unit became a file
-            raise FileFormatError(f"{path} does not exist: if it is a size's unit, write it without a space "
-                                  f"(40{path}, not 40 {path})") from None
-        raise FileFormatError(f"{path} does not exist: check the path") from None
+        hint = f" ({SIZE_WITH_A_SPACE.format(unit=path)})" if is_size_unit(str(path)) else ""
+        raise FileFormatError(f"{path} does not exist: check the path{hint}") from None
     except IsADirectoryError:
         raise FileFormatError(f"{path} is a folder: give a trace, plan or report file") from None
     except OSError as err:

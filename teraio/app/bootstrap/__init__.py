@@ -96,14 +96,14 @@ def with_job_rank(settings: Settings) -> Settings:
     still says nothing, an initialized process group's rank and size are the process's (the
     tutorial's workers init it before making their model). A spawned worker that makes
     tensors before init_process_group sets RANK and WORLD_SIZE first."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():   # what the job itself says, when it says it
+        return dataclasses.replace(settings, rank=dist.get_rank(), world_size=dist.get_world_size())
     if "RANK" in os.environ:
         return dataclasses.replace(settings, rank=int(os.environ["RANK"]),
                                    world_size=int(os.environ.get("WORLD_SIZE", settings.world_size)))
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return settings
-    return dataclasses.replace(settings, rank=dist.get_rank(), world_size=dist.get_world_size())
+    return settings
 
 
 def start(settings: Settings, first_op_gpu: int | None = None):
