@@ -232,7 +232,8 @@ class ProfileAgent(WalkListener):
         p = walk.steps_per_iteration
         needed = rec.needed_iterations
         status = {"iterations": walk.steps // p, "steps": walk.steps, "steps_per_iteration": p, "trace": self.written,
-                  "rank": self.settings.rank, "needed": needed, "hint": self.steps_in_backward_hint()}
+                  "rank": self.settings.rank, "world_size": self.settings.world_size, "needed": needed,
+                  "hint": self.steps_in_backward_hint()}
         path.write_text(json.dumps(status | ({"error": error} if error else {})))
         return True
 

@@ -85,6 +85,14 @@ def _check_writable(path: Path) -> None:
         raise UsageError(f"cannot write {path}: folder {path.parent} is not writable; change -o")
 
 
+def _ranks_without_trace(statuses: list[dict]) -> list[int]:
+    """The ranks of the job (by the world size its processes saw) that wrote no trace: a rank that
+    died before it told anything leaves no status at all."""
+    world_size = max((s.get("world_size", 1) for s in statuses), default=1)
+    traced = {s["rank"] for s in statuses if s.get("trace")}
+    return [rank for rank in range(world_size) if rank not in traced]
+
+
 def _read_statuses(status_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(status_dir.glob("status.*.json"))]
 
@@ -97,7 +105,12 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
     if errors:  # the job's agent stopped it and said why (Note [No step] in teraio_profile/agent.py)
         raise ScriptError(errors[0])
     script = Path(argv[0]).name
-    if traces and all(s.get("trace") for s in statuses):
+    missing = _ranks_without_trace(statuses)
+    if traces and missing:
+        raise ScriptError(f"{script} exited with code {returncode}, and rank(s) {', '.join(map(str, missing))} of "
+                          f"{statuses[0].get('world_size', len(statuses))} wrote no trace: fix the error shown "
+                          "above and profile again")
+    if traces:
         # every process that trained wrote its trace and ended there; the one that started them
         # went on and failed (torch.multiprocessing.spawn's caller reading what its ranks write)
         raise ScriptError(f"{script} exited with code {returncode} after its training processes had written "

@@ -216,3 +216,14 @@ def test_deaths_equal_a_scan_after_every_op_and_cost_no_scan(monkeypatch):
     num_k = recorder.kernels_in_window
     assert len(recorded) > 200 and any(freed >= num_k for freed in recorded.values())  # some die in the next iteration
     assert calls["n"] <= 2 * len(mortal), f"{calls['n']} liveness checks for {len(mortal)} tensors"  # watch, death
+
+
+def test_a_rank_that_died_before_saying_anything_is_named_not_taken_for_done():
+    """A spawned job's caller fails after its ranks ran: only if every rank of the world wrote its
+    trace is that the profile ending them; a rank with no status at all crashed."""
+    from teraio_profile.profile import _ranks_without_trace
+
+    statuses = [{"rank": 0, "world_size": 3, "trace": "t.rank0.msgpack"},
+                {"rank": 2, "world_size": 3, "trace": "t.rank2.msgpack"}]
+    assert _ranks_without_trace(statuses) == [1]
+    assert _ranks_without_trace([{"rank": 0, "trace": "t.msgpack"}]) == []
