@@ -101,7 +101,7 @@ from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes
 
 NOT_FREED = -1
 MAX_SETTLE_ITERATIONS = 4
-MAX_AUTO_STEPS_PER_ITERATION = 4   # longer cycles: --steps-per-iteration
+MAX_AUTO_STEPS_PER_ITERATION = 4   # longer cycles: --steps-per-iteration, or steps without a backward (below)
 MAX_OPTIMIZERS_PER_ITERATION = 16  # Note [Steady state]: a cycle whose other steps only apply gradients
 SETTLE_CYCLES = 3                  # cycles without one before a step is an iteration: one differs, two alike
 MIN_VARYING_CANDIDATES = 3        # Note [Shapes that vary]: iterations compared at least
@@ -438,8 +438,10 @@ class TraceRecorder(WalkListener):
     def _longest_cycle(self) -> int:
         """Note [Steady state]: a job that trains but has steps without a backward (they only
         apply gradients: several optimizers a loop) may repeat over more steps."""
-        backward = self.step_backward
-        several = any(backward) and not all(backward)
+        recent = self.step_backward[-MAX_OPTIMIZERS_PER_ITERATION:]
+        # steps without a backward that recur, not one odd step (a warm-up step on zero gradients),
+        # which would stretch the wait for the one-step fallback to SETTLE_CYCLES x 16 steps
+        several = any(recent) and recent.count(False) >= 2
         return MAX_OPTIMIZERS_PER_ITERATION if several else MAX_AUTO_STEPS_PER_ITERATION
 
     def _count_cycle(self, iteration: int) -> None:
