@@ -19,15 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch.utils._python_dispatch import TorchDispatchMode
-
 EXAMPLE = Path(__file__).resolve().parents[1] / "teraio" / "examples" / "train_gpt.py"
 STEPS = (2, 12)
-
-
-class EmptyMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
 
 
 def child_cpu_s(mode: bool, steps: int, model_args: list[str]) -> float:
@@ -41,6 +34,13 @@ def child_cpu_s(mode: bool, steps: int, model_args: list[str]) -> float:
 
 
 def run_example(mode: bool, example_args: list[str]) -> None:
+    """In the child: the example, under a mode that hands each op to Python and calls it back."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class EmptyMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     sys.argv = [str(EXAMPLE), *example_args]
     if not mode:
         runpy.run_path(str(EXAMPLE), run_name="__main__")

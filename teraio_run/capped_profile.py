@@ -40,7 +40,8 @@ from teraio.launch import mem_available_bytes
 from teraio.settings import Settings
 from teraio.units import format_bytes
 from teraio_run.budget import BudgetKeeper
-from teraio_run.setup import build_engine, cap_device_memory, exit_cleanly_on, remove_run_dirs
+from teraio_run.setup import build_engine, cap_device_memory, remove_run_dirs
+from teraio_run.stops import exit_cleanly_on
 
 
 class CappedProfile:

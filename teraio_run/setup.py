@@ -2,7 +2,6 @@
 for a profile under a cap), and removing its swap folders."""
 
 import shutil
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -105,19 +104,3 @@ def cap_device_memory(cap_bytes: int) -> None:
 def remove_run_dirs(context: RunContext) -> None:
     for run_dir in context.run_dirs:
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def exit_cleanly_on(*signums: int) -> None:
-    """SIGTERM and SIGHUP kill a process without running atexit, so the report would be lost and
-    the swap folders left behind (by `teraio run`, and by a profile under a cap): turn them into
-    SystemExit(128 + N), the status a shell shows for a death by signal N. SIGINT already raises
-    KeyboardInterrupt, which unwinds the same way. A handler the script set (or SIG_IGN, as nohup sets for SIGHUP) is left alone, and so
-    is one it sets later that calls ours in turn (PyTorch Lightning chains the handler it finds
-    to its own, which stops training gracefully): in the plain run it found none to call."""
-    def exit_by_signal(number, frame):
-        if signal.getsignal(number) is exit_by_signal:
-            sys.exit(128 + number)
-
-    for signum in signums:
-        if signal.getsignal(signum) == signal.SIG_DFL:
-            signal.signal(signum, exit_by_signal)

@@ -11,7 +11,8 @@ from teraio.units import format_bytes
 from teraio.walk import activate
 from teraio_run.agent import RunAgent
 from teraio_run.report import finish
-from teraio_run.setup import RunContext, build_agent, exit_cleanly_on, plan_for_rank
+from teraio_run.setup import RunContext, build_agent, plan_for_rank
+from teraio_run.stops import exit_cleanly_on
 
 
 def start(settings: Settings) -> RunAgent:

@@ -1,4 +1,5 @@
-"""Errors after which training cannot go on exactly, said as one line at the job's top level.
+"""How a job under the runtime stops: errors after which training cannot go on exactly, said as
+one line at the job's top level, and signals that end it through its exit handlers.
 
 A swap file that could not be read back (engine.SwapDataLost) or a replay that would not make
 the bytes it replaces (replay.ReplayMismatch) stops the job: the op that needs the tensor
@@ -9,6 +10,7 @@ not), also when the script wrapped it in an error of its own (Note [Lost swap fi
 teraio_run/engine.py).
 """
 
+import signal
 import sys
 import threading
 
@@ -55,3 +57,20 @@ def _stop_in_chain(err: BaseException | None) -> CannotGoOnExactly | None:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+def exit_cleanly_on(*signums: int) -> None:
+    """SIGTERM and SIGHUP kill a process without running atexit, so the report would be lost and
+    the swap folders left behind (by `teraio run`, and by a profile under a cap): turn them into
+    SystemExit(128 + N), the status a shell shows for a death by signal N. SIGINT already raises
+    KeyboardInterrupt, which unwinds the same way. A handler the script set (or SIG_IGN, as
+    nohup sets for SIGHUP) is left alone, and so is one it sets later that calls ours in turn
+    (PyTorch Lightning chains the handler it finds to its own, which stops training
+    gracefully): in the plain run it found none to call."""
+    def exit_by_signal(number, frame):
+        if signal.getsignal(number) is exit_by_signal:
+            sys.exit(128 + number)
+
+    for signum in signums:
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, exit_by_signal)

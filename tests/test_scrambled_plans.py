@@ -6,8 +6,8 @@ mistake a plan can make while passing its schema, drawn from a seeded generator:
 the tensor's own uses (an offload just before the op that reads it, a prefetch after the use),
 kernels out of order, overlapping entries for one tensor, wrap-around flags on periods that do
 not wrap, recompute entries naming an op that did not make the tensor, or the one that did with
-periods over its uses. (Sizes that are not
-the tensor's make the runtime refuse the whole plan: tests/test_plan_sizes.py.) The run must end with the plain run's losses, final weights and checkpoint bit for
+periods over its uses. (Sizes that are not the tensor's make the runtime refuse the whole plan:
+tests/test_plan_sizes.py.) The run must end with the plain run's losses, final weights and checkpoint bit for
 bit, its exit status 0, and the device within its budget; what it refused is its business.
 """
 
