@@ -18,9 +18,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from teraio.errors import UsageError
+
 DEFAULT_SWAP_DIR = Path(tempfile.gettempdir()) / "teraio-swap"   # when no --ssd-dir is given
 LOCK_NAME = ".lock"
-_held_locks: list[int] = []   # this process's folders' lock descriptors, open until it exits
+_held_locks: dict[Path, int] = {}   # this process's folders -> their lock descriptors, open until it exits
 
 
 def swap_bases(ssd_dirs: list[str]) -> list[str]:
@@ -31,10 +33,17 @@ def swap_bases(ssd_dirs: list[str]) -> list[str]:
 def make_run_dir(base: Path, rank: int) -> Path:
     """This process's swap folder in `base`, made and held (Note [Whose swap folder is alive])."""
     own = base / f"teraio-{os.getpid()}-r{rank}"
+    if own.resolve() in _held_locks:   # the same folder given twice (--ssd-dir /a --ssd-dir /a)
+        return own
     own.mkdir(exist_ok=True)
     fd = os.open(own / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _held_locks.append(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:   # a live job of the same PID in another PID namespace: its swap files
+        os.close(fd)
+        raise UsageError(f"swap folder {own} is held by another live job (one with this PID in another "
+                         "container?): give this job a --ssd-dir of its own") from None
+    _held_locks[own.resolve()] = fd
     return own
 
 

@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from teraio.errors import UsageError
 from teraio.swap_dirs import LOCK_NAME, make_run_dir, remove_dead_run_dirs
 
 
@@ -34,7 +37,25 @@ def test_a_folder_held_by_a_live_owner_is_kept_whatever_its_pid(tmp_path):
     assert not held.exists()
 
 
-def test_this_processs_own_folder_survives_a_sweep(tmp_path):
+def test_this_processs_own_folder_survives_a_sweep_and_may_be_given_twice(tmp_path):
     own = make_run_dir(tmp_path, rank=3)
     remove_dead_run_dirs([tmp_path])
     assert own.is_dir() and own.name == f"teraio-{os.getpid()}-r3"
+    assert make_run_dir(tmp_path, rank=3) == own   # --ssd-dir given twice: its own lock, not another job's
+
+
+def test_a_folder_of_this_pid_held_by_another_live_job_is_refused_not_shared(tmp_path):
+    """Two containers on one disk, one PID: sharing the folder, each would overwrite the other's
+    swap files."""
+    other = tmp_path / f"teraio-{os.getpid()}-r0"
+    other.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+                               "os.O_WRONLY | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print(flush=True); "
+                               "time.sleep(60)", str(other / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()   # it holds the lock now
+        with pytest.raises(UsageError, match="held by another live job"):
+            make_run_dir(tmp_path, rank=0)
+    finally:
+        holder.kill()
+        holder.wait()
