@@ -355,7 +355,7 @@ class RunAgent(WalkListener):
         (Note [Saving from the tiers] in teraio_run/saving.py)."""
         self.keeper.holds += 1
         try:
-            with save_from_tiers(self.engine, self.walk.records) as reads:
+            with save_from_tiers(self.engine, self.walk.records, self.keeper.bring_back) as reads:
                 yield reads
         finally:
             self.keeper.holds -= 1

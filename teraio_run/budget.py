@@ -129,6 +129,10 @@ class BudgetKeeper:
         return waited
 
     def _restore(self, record, inputs, cause: str) -> None:
+        """One storage back on the device. On CUDA the cap is hard: a bring-back that finds no
+        room relieves memory as an op's own allocation does (Note [Out of memory]) and retries.
+        Outside an op too (a raw read, the saves inside resident()): a capped profile's clone
+        of a moved tensor failed there, its 2 MiB the cap's last (H200, a69bf54)."""
         for attempt in range(OOM_RETRIES + 1):
             try:
                 self.engine.ensure_resident(record, cause)
@@ -277,7 +281,7 @@ class BudgetKeeper:
         with _disable_current_modes():
             self.engine.wait_offloads(self.walk.records)
             self.engine.wait_freeing()
-            if attempt >= 1:
+            if attempt >= 1 and not self.holds:  # inside resident() nothing may leave
                 target = int(self.budget_bytes * (EVICT_TARGET if attempt == 1 else 0.5))
                 self._evict(self.resident_bytes(), {r.key for r in inputs}, target=target)
                 self.engine.wait_freeing()  # the allocator reuses those blocks only after the copies
@@ -485,8 +489,8 @@ class BudgetKeeper:
         self.holds += 1
         try:
             self._used_outside_ops(list(self.engine.moved))
-            with _disable_current_modes():
-                self.engine.restore_all(self.walk.records)
+            for record in self.engine.still_moved(self.walk.records):
+                self.bring_back(record, "restore_all")
             yield
         finally:
             self.holds -= 1
@@ -508,14 +512,18 @@ class BudgetKeeper:
         record = self.walk.records.get(storage._cdata)
         if record is not None:
             self._used_outside_ops([record.key])
-            with _disable_current_modes():
-                self.engine.ensure_resident(record, "raw_read")
+            self.bring_back(record)
         key = storage._cdata
         self.engine.hold(key)
         try:
             yield
         finally:
             self.engine.unhold(key)
+
+    def bring_back(self, record, cause: str = "raw_read") -> None:
+        """A storage read outside an op, back on the device (retried as an op's input would be)."""
+        with _disable_current_modes():
+            self._restore(record, [record], cause)
 
     def _used_outside_ops(self, keys) -> None:
         """Note [Brought back outside an op]
@@ -537,6 +545,5 @@ class BudgetKeeper:
         record = self.walk.records.get(tensor.untyped_storage()._cdata)
         if record is None:
             return
-        with _disable_current_modes():
-            self.engine.ensure_resident(record, "raw_read")
+        self.bring_back(record)
         record.pinned = True

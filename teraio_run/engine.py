@@ -562,7 +562,13 @@ class MigrationEngine:
         return moved.tier.read_host(moved.slot, moved.nbytes)
 
     def restore_all(self, records_by_key) -> None:
-        """Bring every tensor back (checkpointing, shutdown, a plan we stopped following)."""
+        """Bring every tensor back (shutdown, a plan we stopped following)."""
+        for record in self.still_moved(records_by_key):
+            self.ensure_resident(record, "restore_all")
+
+    def still_moved(self, records_by_key) -> list:
+        """The records of the live storages not plainly resident; the dead are tidied away."""
+        alive = []
         for key in list(self.moved):
             record = records_by_key.get(key)
             if record is None:
@@ -570,7 +576,8 @@ class MigrationEngine:
             if record.ref.expired():  # dropped by the program while out, not yet tidied away
                 self.forget_dead([key])
             else:
-                self.ensure_resident(record, "restore_all")
+                alive.append(record)
+        return alive
 
 
 def _wait_quietly(transfer: Transfer | None) -> None:

@@ -30,8 +30,8 @@ TAG_PRIORITY = 1   # before PyTorch's own taggers (cpu 10, cuda 20)
 class TierReads:
     """The state of one save: CPU copies by storage key, device tags by CPU storage."""
 
-    def __init__(self, engine, records):
-        self.engine, self.records = engine, records
+    def __init__(self, engine, records, bring_back):
+        self.engine, self.records, self.bring_back = engine, records, bring_back
         self.copies: dict[int, torch.UntypedStorage] = {}
         self.tags: dict[int, str] = {}
 
@@ -47,7 +47,7 @@ class TierReads:
         if copy is None:
             host_bytes = self.engine.host_bytes(record)
             if host_bytes is None:   # no tier holds it (a replay), or its copy failed: bring it back
-                self.engine.ensure_resident(record, "raw_read")
+                self.bring_back(record)
                 return None
             copy = self.copies[record.key] = host_bytes.untyped_storage()
             # PyTorch's own tag of the moved storage: the same string object where the plain run's is
@@ -81,13 +81,14 @@ def _no_restore(storage, location):
 
 
 @contextmanager
-def save_from_tiers(engine, records):
-    """Inside it, torch.save reads moved tensors from their tiers (Note [Saving from the tiers])."""
+def save_from_tiers(engine, records, bring_back):
+    """Inside it, torch.save reads moved tensors from their tiers (Note [Saving from the tiers]);
+    bring_back(record) brings one back that no tier holds (BudgetKeeper.bring_back)."""
     global _registered
     if not _registered:
         torch.serialization.register_package(TAG_PRIORITY, _tag, _no_restore)
         _registered = True
-    reads, reduce = TierReads(engine, records), torch.Tensor.__reduce_ex__
+    reads, reduce = TierReads(engine, records, bring_back), torch.Tensor.__reduce_ex__
 
     def reduce_from_tier(tensor, protocol):
         with _disable_current_modes():   # our reads and views are no ops of the job
