@@ -7,6 +7,7 @@
 # CHECK_PLAIN_TWICE=1 also checks that two plain runs agree (they do with --deterministic);
 # GPU_TESTS=1 first runs tests/test_gpu.py (pytest is on the machine). Varying shapes (issue 13):
 #   EXTRA_ARGS="--min-seq 1024 --accum 2" PROFILE_ITERS=4 STEPS=10 SHARES=50 bash bench/gpu_teraio.sh
+# CALIBRATE=1 plans each share again with --calibrate from its run's report and runs that plan too.
 set -u
 OUT=${OUT:-/tmp/teraio-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_teraio.log") 2>&1
@@ -48,4 +49,14 @@ for SHARE in ${SHARES:-50 75}; do
   python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); print(\"plain  \", a); print(\"teraio \", b)" $TMP/plain.json $TMP/run_$SHARE.json
   cmp $TMP/plain.json $TMP/run_$SHARE.json && echo "losses identical" || echo "LOSSES DIFFER"
   python3 -m teraio inspect "$OUT/run_$SHARE.json" 2>&1 | tail -25
+  if [[ -n ${CALIBRATE:-} ]]; then  # issue 16: plan again from what that run measured, run it, compare
+    step "calibrated plan at ${SHARE}% and its run"
+    python3 -m teraio plan "$TMP/trace_1b.msgpack" --gpu-mem $((PEAK * SHARE / 100)) --ssds 1 --ssd-read-gbps 0.65 \
+        --ssd-write-gbps 0.5 --host-mem 64GiB --host-gbps 37 --pcie-gbps 55 --headroom 1GiB \
+        --calibrate "$OUT/run_$SHARE.json" -o "$OUT/plan_${SHARE}_cal.json" 2>&1 | grep -E "offloaded|iteration|measured|teraio:"
+    timeout ${RUN_TIMEOUT:-150} python3 -m teraio run --plan "$OUT/plan_${SHARE}_cal.json" --ssd-dir $SWAP \
+        --report "$OUT/run_${SHARE}_cal.json" -- python3 $EX $ARGS --losses-out $TMP/run_${SHARE}_cal.json 2>&1 | tail -3
+    cmp $TMP/plain.json $TMP/run_${SHARE}_cal.json && echo "losses identical" || echo "LOSSES DIFFER"
+    python3 -m teraio inspect "$OUT/run_${SHARE}_cal.json" 2>&1 | grep -A1 "measured vs"
+  fi
 done
