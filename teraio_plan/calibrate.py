@@ -3,7 +3,8 @@
 Note [Calibration]
 A plan is a prediction; the rates it is made with are guesses (the defaults, or the user's
 figures) until a run measures them. A run report has, for the iterations that followed the
-plan:
+plan (the first of them left out when more did: Note [Steady iterations] in
+teraio/formats/report.py):
 - the achieved rate of each copy path over the whole run (bytes moved over the time the path
   was busy, both directions running together as they do in a run; the unplanned first
   iterations' evictions count too): the host tier's rate becomes the
@@ -43,7 +44,7 @@ from statistics import median
 
 from teraio.errors import FileFormatError, UsageError
 from teraio.formats.plan import Calibration, PlannerInputs
-from teraio.formats.report import RunReport, load_report
+from teraio.formats.report import RunReport, load_report, steady_iterations
 from teraio.formats.trace import Trace
 
 # planner input -> the command-line option that sets it (a given option is never overridden)
@@ -59,7 +60,7 @@ def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: se
     except FileFormatError as err:
         raise FileFormatError(f"--calibrate: {err}") from None
     _check_same_job(trace, report, report_path, trace_name)
-    rows = [row for row in report.per_iteration if row.followed_plan]
+    rows = [report.per_iteration[i] for i in steady_iterations([row.followed_plan for row in report.per_iteration])]
     if not rows:
         raise UsageError(f"--calibrate: {report_path} has no iteration that followed its plan "
                          f"({report.iterations} ran): {_why_unplanned(report)}")

@@ -8,16 +8,16 @@ import torch
 
 from teraio import __version__, compile_guard
 from teraio.formats.common import Producer
-from teraio.formats.report import ReportHeader, RunReport, save_report
+from teraio.formats.report import ReportHeader, RunReport, save_report, steady_iterations
 from teraio.settings import rank_path
 from teraio_run.setup import remove_run_dirs
 
-STEADY_SKIP = 2   # iteration 0 creates optimizer state and 1 is the first planned one
+UNPLANNED_SKIP = 2   # a run that never followed its plan: iteration 0 creates optimizer state
 
 
 def build_report(agent, context) -> RunReport:
     stats, plan, s = agent.engine.stats, agent.plan, context.settings
-    measured = np.median(agent.log.iteration_s[STEADY_SKIP:] or agent.log.iteration_s or [0.0]) * 1e3
+    measured = np.median(_steady_seconds(agent.log)) * 1e3
     predicted = plan.header.prediction.iteration_ms
     return RunReport(
         header=ReportHeader(
@@ -64,6 +64,13 @@ def build_report(agent, context) -> RunReport:
                                                               "replay_ms")}}
                        for row in agent.log.rows],
     )
+
+
+def _steady_seconds(log) -> list[float]:
+    """Note [Steady iterations] (teraio/formats/report.py); a run that never followed its plan
+    is measured after its first iterations."""
+    steady = steady_iterations([row["followed_plan"] for row in log.rows])
+    return [log.iteration_s[i] for i in steady] or log.iteration_s[UNPLANNED_SKIP:] or log.iteration_s or [0.0]
 
 
 def _achieved_gbps(agent) -> dict:

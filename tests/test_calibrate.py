@@ -10,7 +10,7 @@ from statistics import median
 import pytest
 
 from teraio.formats.plan import load_plan
-from teraio.formats.report import IterationRow, load_report, save_report
+from teraio.formats.report import IterationRow, load_report, save_report, steady_iterations
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
 from teraio_plan import planner_inputs, simulate
 from teraio_plan.calibrate import calibrated
@@ -125,7 +125,7 @@ def test_a_report_from_before_copies_were_counted_gives_one_figure_per_kernel_as
     old_inputs = _calibrated_plan(tmp, plan_args, int(plan_args[1]), "old.json", "old_plan.json").header.inputs
     assert not {"host_us_per_copy", "host_us_per_replay"} & old_inputs.calibration.measured.keys()
     assert old_inputs.host_us_per_copy == 0 and old_inputs.host_us_per_replay == 0
-    rows = [row for row in old.per_iteration if row.followed_plan]
+    rows = [old.per_iteration[i] for i in steady_iterations([row.followed_plan for row in old.per_iteration])]
     per_kernel_us = median((row.ms - row.op_launch_ms - row.stall_ms) * 1e3 / row.kernels for row in rows)
     assert old_inputs.host_us_per_kernel == round(per_kernel_us, 3)    # copies stay in the figure per kernel
     new_inputs = _calibrated_plan(tmp, plan_args, int(plan_args[1]), "run.json", "new_plan.json").header.inputs
@@ -144,7 +144,10 @@ def _report_with_rows(tmp, device: str, rows: list[dict]):
     return path
 
 
-ROWS = [dict(ms=300.0, walk_ms=150.0, op_launch_ms=20.0, stall_ms=10.0, copies_issued=100, copy_issue_ms=40.0,
+FIRST_PLANNED = dict(ms=2000.0, walk_ms=1500.0, op_launch_ms=300.0, stall_ms=100.0, copies_issued=300,
+                     copy_issue_ms=600.0, replays=50, replay_ms=300.0)   # starts from the unplanned state
+ROWS = [FIRST_PLANNED,
+        dict(ms=300.0, walk_ms=150.0, op_launch_ms=20.0, stall_ms=10.0, copies_issued=100, copy_issue_ms=40.0,
              replays=50, replay_ms=30.0),
         dict(ms=310.0, walk_ms=160.0, op_launch_ms=20.0, stall_ms=10.0, copies_issued=100, copy_issue_ms=50.0,
              replays=50, replay_ms=30.0),
@@ -157,7 +160,7 @@ def test_host_time_is_measured_per_copy_per_replay_and_per_kernel_on_a_gpu(work)
     trace = load_trace(tmp / "trace.msgpack")
     inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
     measured = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", ROWS), set()).calibration.measured
-    assert measured["host_us_per_copy"] == 400.0       # median of 400, 500 and 300 us
+    assert measured["host_us_per_copy"] == 400.0       # median of 400, 500 and 300 us (not the first's 2,000)
     assert measured["host_us_per_replay"] == 600.0     # the iterations that replayed
     assert measured["host_us_per_kernel"] == 90.0      # median of walk - stall - copies - replays + launch: 90, 90, 260
 
@@ -194,6 +197,22 @@ def test_a_recorded_run_that_timed_replays_without_counting_them_calibrates_as_b
     trace = load_trace(tmp / "trace.msgpack")
     inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
     measured = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", rows), set()).calibration.measured
-    per_kernel_us = median((r["walk_ms"] - r["stall_ms"] + r["op_launch_ms"]) * 1e3 / r["kernels"] for r in rows)
+    per_kernel_us = median((r["walk_ms"] - r["stall_ms"] + r["op_launch_ms"]) * 1e3 / r["kernels"] for r in rows[1:])
     assert measured["host_us_per_kernel"] == round(per_kernel_us, 3)
     assert not {"host_us_per_copy", "host_us_per_replay"} & measured.keys()
+
+
+def test_the_first_planned_iteration_moves_neither_the_measured_iteration_nor_the_calibration(work):
+    """Note [Steady iterations]: the first iteration on plan starts from what the unplanned ones
+    left (more copies, evictions), which the plan does not predict."""
+    tmp, plan_args = work
+    report = load_report(tmp / "run.json")
+    planned = [row for row in report.per_iteration if row.followed_plan]
+    assert report.measured_iteration_ms == pytest.approx(median(row.ms for row in planned[1:]), abs=1e-3)
+    trace = load_trace(tmp / "trace.msgpack")
+    inputs = planner_inputs(trace, gpu_mem_bytes=int(plan_args[1]), num_ssds=0, host_mem_bytes=GiB)
+    calibration = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", ROWS), set()).calibration
+    assert calibration.planned_iterations == 3    # of 4 on plan; with the first: 450 us per copy, not 400
+    assert calibration.measured["host_us_per_copy"] == 400.0
+    single = calibrated(inputs, trace, _report_with_rows(tmp, "cuda:0", ROWS[:1]), set()).calibration
+    assert single.planned_iterations == 1 and single.measured["host_us_per_copy"] == 2000.0  # the only one there is

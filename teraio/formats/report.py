@@ -138,6 +138,21 @@ class RunReport(Strict):
     per_iteration: list[IterationRow] = []
 
 
+def steady_iterations(followed_plan: list[bool]) -> list[int]:
+    """The iterations a plan's prediction is about (indices into the rows).
+
+    Note [Steady iterations]
+    A plan predicts an iteration that starts where the last one left off. The first iteration
+    that follows it starts from what the unplanned ones left (their evictions on demand, the
+    host pool as they filled it): on the H200 it started ~1,500 copies where the next ones
+    started ~1,000, and ran 1.1-1.2 s where they ran 0.64-0.73 (the 1B bf16 example at 1/2,
+    docs/gpu-results.md, 2026-12-03). The measured iteration of a report and the figures
+    `--calibrate` reads come from the planned iterations after that first one; with a single
+    planned iteration, from it; with none, from none (callers say what then)."""
+    planned = [i for i, followed in enumerate(followed_plan) if followed]
+    return planned[1:] if len(planned) > 1 else planned
+
+
 def save_report(report: RunReport, path: str | Path) -> None:
     atomic_write_bytes(path, (report.model_dump_json(indent=2) + "\n").encode())
 
