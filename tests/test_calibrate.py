@@ -38,7 +38,8 @@ def test_a_calibrated_plan_predicts_the_measured_iteration_closer(work):
     tmp, plan_args = work
     proc = ok(teraio("plan", tmp / "trace.msgpack", *plan_args, "--calibrate", tmp / "run.json",
                      "-o", tmp / "calibrated.json", "--json", cwd=tmp))
-    assert json.loads(proc.stdout)["calibration"]["report"] == str(tmp / "run.json")
+    summary = json.loads(proc.stdout)
+    assert summary["calibration"]["report"] == str(tmp / "run.json") and summary["host_time_charged"]
     calibrated, guessed = load_plan(tmp / "calibrated.json"), load_plan(tmp / "plan.json")
     calibration = calibrated.header.inputs.calibration
     assert {"host_gbps", "host_us_per_kernel"} <= calibration.measured.keys()

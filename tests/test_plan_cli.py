@@ -40,6 +40,9 @@ def test_plan_writes_the_default_file_and_summarises(tmp_path):
     assert res.exit_code == 0, res.output
     plan = load_plan(tmp_path / "trace.plan.json")
     assert plan.entries and "entries" in res.output and "SSD writes per iteration" in res.output
+    # no figure of host time measured: the summary says the prediction leaves it out and how to measure it
+    assert "host time" in res.output and "--calibrate" in res.output and "not charged" in res.output
+
 
 
 def test_one_plan_per_rank_trace(tmp_path):
