@@ -13,22 +13,23 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def build(seed: int) -> LlamaForCausalLM:
+def build(seed: int, hidden: int = 64, layers: int = 2, vocab: int = 256, seq: int = 128) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden if hidden <= 64 else
+                         (8 * hidden // 3 + 255) // 256 * 256, num_hidden_layers=layers,
+                         num_attention_heads=max(4, hidden // 128), num_key_value_heads=max(4, hidden // 128),
+                         max_position_embeddings=max(128, seq), tie_word_embeddings=False)
     return LlamaForCausalLM(config)
 
 
-def batches(steps: int, batch: int, seq: int, dynamic: bool, accum: int = 1):
+def batches(steps: int, batch: int, seq: int, dynamic: bool, accum: int = 1, vocab: int = 256):
     """Per step, its `accum` micro-batches."""
     g = torch.Generator().manual_seed(1)
     for step in range(steps):
         micro = []
         for m in range(step * accum, (step + 1) * accum):
             length = seq - 8 * (m % 3) if dynamic else seq  # dynamic padding: the batch's own length
-            micro.append(torch.randint(0, 256, (batch, length), generator=g))
+            micro.append(torch.randint(0, vocab, (batch, length), generator=g))
         yield micro
 
 
@@ -50,11 +51,14 @@ def main():
     p.add_argument("--grad-ckpt", action="store_true", help="transformers' gradient checkpointing")
     p.add_argument("--autocast", action="store_true", help="bf16 autocast")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--hidden", type=int, default=64, help="model width (2048 with --layers 16 --vocab 32000: ~1B)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=256)
     args = p.parse_args()
     if args.device == "cuda":  # the twin run compares bit for bit: no nondeterministic kernels
         torch.use_deterministic_algorithms(True)
 
-    model = build(0).to(args.device)
+    model = build(0, args.hidden, args.layers, args.vocab, args.seq).to(args.device)
     if args.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:
@@ -63,7 +67,7 @@ def main():
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.autocast)
     losses = []
-    for step, micro in enumerate(batches(args.steps, args.batch, args.seq, args.dynamic, args.accum)):
+    for step, micro in enumerate(batches(args.steps, args.batch, args.seq, args.dynamic, args.accum, args.vocab)):
         for ids in micro:
             ids = ids.to(args.device)
             with autocast:
