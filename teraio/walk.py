@@ -111,6 +111,18 @@ runs them in chunks of at most MULTI_TENSOR_CHUNK_BYTES, each chunk a kernel of 
 arithmetic is the same bit for bit, profile and run split alike (the walk is shared, the
 chunking depends only on tensor sizes), and a plan can bring one chunk's states in while the
 previous chunk runs.
+
+Note [Autocast inside an op]
+A dispatch mode runs below autocast: inside __torch_dispatch__ every dispatch key above
+Python is excluded, autocast's among them, so an op the walk runs sees autocast off. For
+almost every op that is what the plain job does too: autocast has already cast its inputs
+(an op with an autocast kernel runs with autocast off below it), or the op computes alone.
+An op that autocast passes through but whose kernel calls other ops (AUTOCAST_INSIDE_OPS:
+nn.TransformerEncoderLayer's fast path, taken in eval under CPU autocast) runs those inner
+ops under the caller's autocast state in the plain job: under the walk its matmuls ran in
+fp32, and an eval under bf16 autocast returned float32 values unlike the plain job's bfloat16.
+The walk runs such an op with the autocast state of its caller (the thread state the
+dispatcher saved when the op was called: _RestorePythonTLSSnapshot).
 """
 
 import functools
@@ -119,6 +131,7 @@ import operator
 import sys
 import weakref
 import zlib
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import NamedTuple
@@ -128,7 +141,7 @@ from torch._C._dynamo.eval_frame import set_eval_frame
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from teraio.formats.trace import UNINITIALIZED_OPS, Kind, Phase
+from teraio.formats.trace import AUTOCAST_INSIDE_OPS, UNINITIALIZED_OPS, Kind, Phase
 
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
@@ -385,13 +398,27 @@ class OpInfo(NamedTuple):
     multi_tensor: bool               # Note [Multi-tensor ops]
     packet: str                      # the overload packet's name (mm, add, ...)
     storage_args: tuple[int, ...]    # positions of its Storage arguments (Note [Storage arguments])
+    autocast_inside: bool            # Note [Autocast inside an op]
 
 
 def _op_info(func) -> OpInfo:
     storage_args = tuple(i for i, arg in enumerate(func._schema.arguments) if arg.type.kind() == "StorageType")
+    packet = func.overloadpacket.__name__
     info = _op_infos[id(func)] = OpInfo(func, written_arguments(func), func.namespace == "c10d",
-                                        is_multi_tensor(func), func.overloadpacket.__name__, storage_args)
+                                        is_multi_tensor(func), packet, storage_args,
+                                        packet in AUTOCAST_INSIDE_OPS)
     return info
+
+
+def caller_autocast(tensors: list):
+    """Note [Autocast inside an op]: the autocast state the op's caller had for the device of
+    its first tensor, to run the op under (a null context when autocast was off there)."""
+    device_type = tensors[0].device.type if tensors else "cpu"
+    with torch._C._RestorePythonTLSSnapshot():
+        if not torch.is_autocast_enabled(device_type):
+            return nullcontext()
+        return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type),
+                              cache_enabled=torch.is_autocast_cache_enabled())
 
 
 def storage_views(positions: tuple, args) -> list:
@@ -875,7 +902,11 @@ class OpWalk(TorchDispatchMode):
         if clock is not None:
             clock.start()
         t1 = perf_counter()
-        out = self._call(func, args, kwargs, inputs)
+        if info.autocast_inside:
+            with caller_autocast(op_tensors(args, kwargs)):
+                out = self._call(func, args, kwargs, inputs)
+        else:
+            out = self._call(func, args, kwargs, inputs)
         t2 = perf_counter()
         if clock is not None:
             clock.stop()

@@ -10,6 +10,8 @@ replay writes the same bytes:
     whose accumulate flag the trace does not show, embedding_dense_backward); attention
     (_scaled_dot_product*, anything "attention") is denied too: on the H200 traces its
     replay costs more than its round trip over the link (docs/planner.md);
+  - its kernel runs no other ops under the caller's autocast state (AUTOCAST_INSIDE_OPS: a
+    replay runs with autocast off);
   - it writes nothing in place: its name is not an in-place one (ends with "_") and no use at
     kernel b is a write (the trace's use_writes);
   - no use of t between b and a wrote it (the bytes at a are still the op's output);
@@ -50,7 +52,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from teraio.formats.plan import PlanEntry, PlannerInputs
-from teraio.formats.trace import Kind, Trace
+from teraio.formats.trace import AUTOCAST_INSIDE_OPS, Kind, Trace
 from teraio.units import format_bytes
 from teraio_plan.bandwidth import path_bytes_per_us
 from teraio_plan.memory import memory_curve
@@ -91,8 +93,8 @@ class Candidate:
 def replayable_op(op: str) -> bool:
     """The op can run again and give the same bytes, as far as its name tells."""
     base = op.removeprefix("aten.").split(".")[0]
-    if base.endswith("_") or base in STATEFUL_OPS:   # in place (add_, aten.add_.Tensor), or state written
-        return False
+    if base.endswith("_") or base in STATEFUL_OPS or base in AUTOCAST_INSIDE_OPS:   # in place, state written,
+        return False                                                                # or autocast inside
     return not any(word in op for word in RANDOM_OPS + NONDETERMINISTIC_OPS)
 
 

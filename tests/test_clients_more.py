@@ -20,10 +20,10 @@ from runtime_helpers import every_period_plan
 from test_clients import CLIENTS, run_planned, run_plain
 
 
-def train_both_ways(tmp_path, script: str, *args, floor=min_required_bytes):
+def train_both_ways(tmp_path, script: str, *args, floor=min_required_bytes, profile_args=()):
     """Profile, plan every idle period at the budget above, run planned and plainly: the
     report, and what each run wrote."""
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / script, *args,
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", *profile_args, "--", PYTHON, CLIENTS / script, *args,
               "--out", tmp_path / "profiled.json", cwd=tmp_path))
     trace = load_trace(tmp_path / "t.msgpack")
     budget = max(int(live_bytes_per_kernel(trace).max()) // 2, floor(trace, 0)[0])
@@ -108,6 +108,18 @@ def test_nested_tensors_of_an_encoders_eval_fast_path_are_walked_and_stay(tmp_pa
     assert planned == plain
     assert report.iterations_on_plan >= 3 and report.peak_device_bytes <= report.budget_bytes
     assert report.offloaded_bytes_by_kind.get("parameter", 0) > 0
+
+
+def test_an_encoders_eval_fast_path_under_autocast_gives_the_plain_values(tmp_path):
+    """Note [Autocast inside an op] in teraio/walk.py: under CPU bf16 autocast the fast path's
+    kernel ran its matmuls in fp32 under the walk, so profile and run evaluated to float32
+    values unlike the plain job's bfloat16 ones (training itself was identical)."""
+    _, report, planned, plain = train_both_ways(tmp_path, "nested_eval.py", "--autocast",
+                                                 profile_args=["--run-to-completion"])
+    profiled = json.loads((tmp_path / "profiled.json").read_text())
+    assert "torch.bfloat16" in plain
+    assert planned == plain and profiled == plain
+    assert report.iterations_on_plan >= 3
 
 
 def test_parameters_in_shared_memory_are_refused_with_their_reason(tmp_path):

@@ -34,6 +34,10 @@ SUPPORTED_TRACE_VERSIONS = (1,)
 # make in place until an op takes it as an input, and plans do not move it before (Note [Outputs
 # read raw later] in teraio/walk.py; teraio_plan/periods.py)
 UNINITIALIZED_OPS = frozenset({"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
+# Ops that autocast passes through whose kernels run other ops under the caller's autocast state
+# (by overload packet name): the walk runs them with that state (Note [Autocast inside an op] in
+# teraio/walk.py), a replay cannot (it runs with autocast off), so plans never recompute them.
+AUTOCAST_INSIDE_OPS = frozenset({"_transformer_encoder_layer_fwd"})
 
 
 class Phase(IntEnum):

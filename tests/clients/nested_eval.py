@@ -1,6 +1,8 @@
 """A TransformerEncoder trained on padded batches and evaluated every other step in eval mode
 with a padding mask, where PyTorch takes its nested-tensor fast path (Note [Nested tensors]
-in teraio/walk.py). Writes the training and evaluation losses."""
+in teraio/walk.py). With --autocast, it also evaluates unmasked under CPU bf16 autocast, where
+the fast path's kernel runs its matmuls under the caller's autocast (Note [Autocast inside an
+op]). Writes the training and evaluation losses (and the autocast evaluation's dtype)."""
 
 import argparse
 import json
@@ -32,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="nested_eval.json")
     parser.add_argument("--steps", type=int, default=28)
+    parser.add_argument("--autocast", action="store_true", help="evaluate under CPU bf16 autocast")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = Encoder()
@@ -51,6 +54,10 @@ def main() -> None:
             with torch.no_grad():
                 out = model(tokens, padding)
             losses.append(out[~padding].sum().item().hex())
+            if args.autocast:  # PyTorch's masked fast path refuses CPU autocast: unmasked only
+                with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+                    out = model(tokens, None)
+                losses += [out.float().sum().item().hex(), str(out.dtype)]
     with open(args.out, "w") as f:
         json.dump(losses, f)
 
