@@ -14,7 +14,10 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
              "as iterations" if r.steps_without_backward else "")
     out.print(f"[bold]{title}[/]: {r.iterations} iterations ({r.iterations_on_plan} on plan){stray}, "
               f"I/O {r.io_backend}")
-    out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured vs "
+    # Note [Steady iterations] in teraio/formats/report.py
+    which = "median of the planned iterations after the first" if r.iterations_on_plan > 1 else \
+        ("the one planned iteration" if r.iterations_on_plan else "median of the unplanned ones after the first two")
+    out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured ({which}) vs "
               f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
     if r.budget_bytes and r.peak_device_bytes > r.budget_bytes:
@@ -83,7 +86,7 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
              "branch chosen per batch), iterations unlike the traced one run unplanned, exact and within the "
              "budget where it can be kept")
         out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
-                  f"saving, another batch shape) {resumed}; first: {r.pause_reason}")
+                  f"saving, another batch shape, an optimizer step a GradScaler skipped) {resumed}; first: {r.pause_reason}")
 
 
 def _paused_to_the_end(r: RunReport) -> int | None:

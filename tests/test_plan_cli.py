@@ -182,3 +182,5 @@ def test_a_budget_below_what_must_stay_names_the_least_that_fits(tmp_path):
     assert res.exit_code == 0, res.output
     assert "does not fit" in res.output and f"no plan fits below --gpu-mem {2 * GiB}" in res.output
     assert "evicting on demand" in res.output and "add SSDs" not in res.output
+    shown = CliRunner().invoke(cli, ["inspect", str(path)], terminal_width=200)   # the same floor, before planning
+    assert f"a plan fits from 2 GiB ({2 * GiB} bytes" in " ".join(shown.output.split()), shown.output

@@ -43,12 +43,15 @@ def _trace_stats(path):
 
 def _figures(trace) -> dict:
     """trace_stats, with the least device memory the recorded iteration's largest kernel needs
-    (teraio_plan/memory.py kernel_need_bytes: the floor `teraio plan` refuses below)."""
+    (teraio_plan/memory.py kernel_need_bytes: the floor `teraio plan` refuses below) and the
+    least any plan fits in (min_required_bytes: `teraio plan`'s "no plan fits below")."""
     from teraio.summary import trace_stats
-    from teraio_plan.memory import kernel_need_bytes
+    from teraio_plan.memory import kernel_need_bytes, min_required_bytes
 
     need, k = kernel_need_bytes(trace, 0)
-    return trace_stats(trace) | {"kernel_need_bytes": need, "kernel_need_at": k}
+    fit_floor, fit_k = min_required_bytes(trace, 0)
+    return trace_stats(trace) | {"kernel_need_bytes": need, "kernel_need_at": k,
+                                 "plan_fit_bytes": fit_floor, "plan_fit_at": fit_k}
 
 
 def print_trace_summary(path, out: Console) -> None:
@@ -67,6 +70,9 @@ def print_trace_summary(path, out: Console) -> None:
     out.print("  tensors: " + ", ".join(f"{n} {k}" for k, n in s["tensors_by_kind"].items() if n) + stay)
     out.print(f"  memory  [cyan]{sparkline(live_bytes_per_kernel(trace))}[/]")
     _print_floors(s, out)
+    out.print(f"  a plan fits from {format_bytes(s['plan_fit_bytes'])} ({s['plan_fit_bytes']} bytes, for kernel "
+              f"{s['plan_fit_at']}: what no plan entry can move); below it `teraio run` keeps the cap by "
+              "evicting on demand")
     table = Table("idle period", "count", "bytes", title="Idle periods", title_justify="left")
     for label, count, nbytes in idle_histogram(trace):
         table.add_row(label, str(count), format_bytes(nbytes))
