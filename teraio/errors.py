@@ -20,6 +20,13 @@ class UsageError(TeraioError):
     exit_code = 2
 
 
+class CommandNotFound(UsageError):
+    """The command after -- is on no PATH: 127, the shell's status for it, so a wrapper script
+    that checks for it sees the same as without teraio."""
+
+    exit_code = 127
+
+
 class FileFormatError(TeraioError):
     """A file that is missing, truncated, foreign, or of an unknown schema version."""
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from teraio.errors import UsageError
+from teraio.errors import CommandNotFound, UsageError
 from teraio.settings import Settings
 from teraio.swap_dirs import remove_dead_run_dirs, swap_bases
 from teraio.units import SIZE_WITH_A_SPACE, is_size_unit
@@ -37,9 +37,10 @@ def resolve_command(argv: list[str]) -> list[str]:
         if script.suffix != ".py":
             raise UsageError(f"{first} is not a Python script: give a .py file or a command after --")
         return [sys.executable, *argv]
+    if shutil.which(first) is None and is_size_unit(first):   # `--gpu-mem 24 MiB`: our option, mistyped
+        raise UsageError(f"command {first!r} not found ({SIZE_WITH_A_SPACE.format(unit=first)})")
     if shutil.which(first) is None:
-        raise UsageError(f"command {first!r} not found: check the spelling or give a script path"
-                         + (f" ({SIZE_WITH_A_SPACE.format(unit=first)})" if is_size_unit(first) else ""))
+        raise CommandNotFound(f"command {first!r} not found: check the spelling or give a script path")
     return list(argv)
 
 

@@ -90,6 +90,12 @@ def test_not_a_python_script(tmp_path):
     assert "not a Python script" in one_line_error(teraio("profile", "notes.txt", cwd=tmp_path), 2)
 
 
+def test_a_command_on_no_path_exits_as_the_shell_would(tmp_path):
+    """127, the shell's status for a command it cannot find, for wrappers that test for it."""
+    for stage in (("profile",), ("run", "--plan", "plan.json")):
+        assert "not found" in one_line_error(teraio(*stage, "--", "trainn", "x.py", cwd=tmp_path), 127)
+
+
 def test_crashing_script_shows_its_traceback_then_our_line(tmp_path):
     (tmp_path / "boom.py").write_text("import torch\nraise ValueError('broken data')\n")
     proc = teraio("profile", "boom.py", cwd=tmp_path)
