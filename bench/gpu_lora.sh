@@ -7,7 +7,8 @@
 # to the host pool against the bytes released from the device (target: at most half; a
 # frozen weight's copy stays current, so its later releases write nothing).
 # Device tool: carry [".whl"], command `TERAIO_COMMIT=<sha> bash bench/gpu_lora.sh`;
-# GPU_TESTS=1 first runs tests/test_gpu.py. Results land flat in $OUT.
+# GPU_TESTS=1 first runs tests/test_gpu.py; CALIBRATE=1 then plans again with the run's report
+# (--calibrate) and runs that plan: issue 16's predicted against measured. Results land flat in $OUT.
 # On the CPU box, to try the script: SIZE="--device cpu --seq 32 --hidden 128 --layers 2 --vocab 512" (and
 # python3 with teraio importable, HEADROOM=0 HOST_MEM=4GiB).
 set -u
@@ -26,7 +27,8 @@ TMP=/tmp/teraio-lora; mkdir -p $TMP
 step() { echo; echo "=== $1 ($(date -u +%T))"; }
 
 step "plain, uncapped"
-time timeout 150 $JOB --losses-out $TMP/plain.json || exit 1
+time timeout 150 $JOB --losses-out $TMP/plain.json --step-ms-out "$OUT/plain_step_ms.json" || exit 1
+python3 -c "import json,statistics,sys; t=json.load(open(sys.argv[1])); print('plain steps ms:', [round(x, 1) for x in t], 'median after the first two', round(statistics.median(t[2:]), 1))" "$OUT/plain_step_ms.json"
 step "profile"
 timeout 200 python3 -m teraio profile -o $TMP/lora.msgpack -- $JOB || exit 1
 python3 -m teraio inspect $TMP/lora.msgpack --json > "$OUT/trace_stats_lora.json" || exit 1
@@ -57,3 +59,19 @@ print("planned iterations ms:", [round(row["ms"], 1) for row in planned],
 print("evictions on plan:", sum(row["evictions"] for row in planned), "measured", run["measured_iteration_ms"])
 EOF
 python3 -m teraio inspect "$OUT/run_lora.json" 2>&1 | tail -22
+if [[ -n ${CALIBRATE:-} ]]; then
+  step "plan again, calibrated from that run, and run it"
+  python3 -m teraio plan $TMP/lora.msgpack --gpu-mem $((PEAK / 2)) --ssds 0 --host-mem ${HOST_MEM:-64GiB} --host-gbps 37 \
+      --pcie-gbps 55 --headroom ${HEADROOM:-1GiB} --calibrate "$OUT/run_lora.json" -o "$OUT/plan_lora_cal.json" || exit 1
+  timeout 200 python3 -m teraio run --plan "$OUT/plan_lora_cal.json" --report "$OUT/run_lora_cal.json" \
+      -- $JOB --losses-out $TMP/run_cal.json > /dev/null 2>&1 || exit 1
+  cmp $TMP/plain.json $TMP/run_cal.json && echo "losses identical" || echo "LOSSES DIFFER"
+  python3 - "$OUT/run_lora_cal.json" "$OUT/plan_lora_cal.json" <<'EOF'
+import json, sys
+run, plan = (json.load(open(p)) for p in sys.argv[1:])
+predicted, measured = plan["header"]["prediction"]["iteration_ms"], run["measured_iteration_ms"]
+print(f"calibrated: predicted {predicted:.1f} ms, measured {measured:.1f} ms ({predicted / measured - 1:+.1%}); "
+      f"{run['iterations_on_plan']} of {run['iterations']} on plan, peak {run['peak_device_bytes']} of {run['budget_bytes']}")
+print("planned iterations ms:", [round(row["ms"], 1) for row in run["per_iteration"] if row["followed_plan"]])
+EOF
+fi

@@ -8,6 +8,7 @@ a job writes its result. It never imports teraio.
 
 import argparse
 import json
+import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -41,6 +42,7 @@ def main():
     p.add_argument("--dynamic", action="store_true", help="vary the sequence length per batch")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
     p.add_argument("--losses-out")
+    p.add_argument("--step-ms-out", help="each optimizer step's wall time in ms (the device synchronized at its end)")
     p.add_argument("--save-pretrained", help="model.save_pretrained(DIR) after training (safetensors)")
     p.add_argument("--safetensors-out", help="safetensors.torch.save_file of the parameters")
     p.add_argument("--numpy-out", help="np.savez of the parameters through Tensor.numpy() and DLPack")
@@ -66,8 +68,9 @@ def main():
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.autocast)
-    losses = []
+    losses, step_ms = [], []
     for step, micro in enumerate(batches(args.steps, args.batch, args.seq, args.dynamic, args.accum, args.vocab)):
+        started = time.perf_counter()
         for ids in micro:
             ids = ids.to(args.device)
             with autocast:
@@ -79,6 +82,10 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         if args.accum == 1:
             losses.append(loss.item())
+        if args.step_ms_out:
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            step_ms.append((time.perf_counter() - started) * 1e3)
         if args.save_every and (step + 1) % args.save_every == 0:
             model.save_pretrained(args.save_pretrained)
         if args.eval_every and (step + 1) % args.eval_every == 0:
@@ -87,6 +94,9 @@ def main():
     if args.losses_out:
         with open(args.losses_out, "w") as f:
             json.dump(losses, f)
+    if args.step_ms_out:
+        with open(args.step_ms_out, "w") as f:
+            json.dump(step_ms, f)
     if args.save_pretrained:
         if args.device.startswith("cuda"):  # the plan's copies out done and seen: the save meets moved weights
             torch.cuda.synchronize()
