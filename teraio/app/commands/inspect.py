@@ -71,8 +71,8 @@ def print_trace_summary(path, out: Console) -> None:
     out.print(f"  memory  [cyan]{sparkline(live_bytes_per_kernel(trace))}[/]")
     _print_floors(s, out)
     out.print(f"  a plan fits from {format_bytes(s['plan_fit_bytes'])} ({s['plan_fit_bytes']} bytes, for kernel "
-              f"{s['plan_fit_at']}: what no plan entry can move); below it `teraio run` keeps the cap by "
-              "evicting on demand")
+              f"{s['plan_fit_at']}: what no plan entry can move; `teraio plan` adds its --headroom); below it "
+              "`teraio run` keeps the cap by evicting on demand")
     table = Table("idle period", "count", "bytes", title="Idle periods", title_justify="left")
     for label, count, nbytes in idle_histogram(trace):
         table.add_row(label, str(count), format_bytes(nbytes))
