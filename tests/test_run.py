@@ -210,9 +210,12 @@ def test_two_rank_torchrun_with_per_rank_plans(tmp_path):
               "--nproc-per-node", 2, EXAMPLE, *args, "--losses-out", tmp_path / "profiled.json", cwd=tmp_path))
     plain = tmp_path / "plain"
     plain.mkdir()
-    plain_cmd = ("torchrun", "--nproc-per-node", "2", str(EXAMPLE), *args, "--losses-out", str(plain / "l.json"))
-    subprocess.run(plain_cmd, cwd=plain, check=True, capture_output=True,
-                   env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+    # --standalone: a free rendezvous port, not the default 29500 the runs above just released
+    plain_cmd = ("torchrun", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), *args, "--losses-out",
+                 str(plain / "l.json"))
+    proc = subprocess.run(plain_cmd, cwd=plain, capture_output=True, text=True,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
     assert losses(tmp_path / "planned.json") == losses(plain / "l.json") == losses(tmp_path / "profiled.json")
     for rank in (0, 1):
         report = load_report(tmp_path / f"run.rank{rank}.json")
