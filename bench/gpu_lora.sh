@@ -32,6 +32,7 @@ python3 -c "import json,statistics,sys; t=json.load(open(sys.argv[1])); print('p
 step "profile"
 timeout 200 python3 -m teraio profile -o $TMP/lora.msgpack -- $JOB || exit 1
 python3 -m teraio inspect $TMP/lora.msgpack --json > "$OUT/trace_stats_lora.json" || exit 1
+cp $TMP/lora.msgpack "$OUT/trace_lora.msgpack"   # kept, so the recorded runs replay offline (bench/recorded_fidelity.py)
 PEAK=$(python3 -c "import json; print(json.load(open('$OUT/trace_stats_lora.json'))['peak_bytes'])")
 step "plan at 1/2 of the traced peak ($PEAK bytes), host tier only"
 python3 -m teraio plan $TMP/lora.msgpack --gpu-mem $((PEAK / 2)) --ssds 0 --host-mem ${HOST_MEM:-64GiB} --host-gbps 37 \
