@@ -89,7 +89,9 @@ def unplanned_copy(plan_path: Path, budget_bytes: int, out: Path) -> Path:
     plan = load_plan(plan_path)
     header = plan.header
     structure = NO_DIGEST if header.trace.structure_digest else ""
-    trace = header.trace.model_copy(update={"op_digest": NO_DIGEST, "structure_digest": structure})
+    # no chunk digests either: nothing is followed on trust (Note [Following before learning])
+    trace = header.trace.model_copy(update={"op_digest": NO_DIGEST, "structure_digest": structure,
+                                            "chunk_digests": ""})
     inputs = header.inputs.model_copy(update={"budget_bytes": budget_bytes})
     save_plan(plan.model_copy(update={"header": header.model_copy(update={"trace": trace, "inputs": inputs})}), out)
     return out

@@ -7,7 +7,7 @@ from teraio import __version__
 from teraio.errors import PlanError, UsageError
 from teraio.formats.common import Producer
 from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef, sort_entries
-from teraio.formats.trace import LargestOp, Trace
+from teraio.formats.trace import LargestOp, Trace, chunk_digests
 from teraio.units import format_bytes
 from teraio_plan import recompute
 from teraio_plan.clean import mark_clean
@@ -205,7 +205,7 @@ def assemble_plan(trace: Trace, inputs: PlannerInputs, result: PlannerResult, si
         trace=TraceRef(op_digest=h.op_digest, num_kernels=h.num_kernels, rank=h.rank,
                        world_size=h.world_size, device=h.device.name,
                        steady_from_iteration=h.warmup_iterations, steps_per_iteration=h.steps_per_iteration,
-                       structure_digest=h.structure_digest),
+                       structure_digest=h.structure_digest, chunk_digests=chunk_digests(trace)),
         inputs=inputs, prediction=_prediction(result, sim),
     )
     return Plan(header=header, entries=sort_entries(result.entries))

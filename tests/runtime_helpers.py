@@ -9,7 +9,7 @@ from pathlib import Path
 from teraio import __version__
 from teraio.formats.common import Producer
 from teraio.formats.plan import Plan, PlanEntry, PlanHeader, PlannerInputs, Prediction, TraceRef, save_plan
-from teraio.formats.trace import Kind, Trace, live_bytes_per_kernel, load_trace
+from teraio.formats.trace import Kind, Trace, chunk_digests, live_bytes_per_kernel, load_trace
 
 MOVABLE = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
 
@@ -39,7 +39,7 @@ def _header(trace: Trace, budget_bytes: int, pool_bytes: int) -> PlanHeader:
         trace=TraceRef(op_digest=h.op_digest, num_kernels=h.num_kernels, rank=h.rank,
                        world_size=h.world_size, device=h.device.name,
                        steady_from_iteration=h.warmup_iterations, structure_digest=h.structure_digest,
-                       steps_per_iteration=h.steps_per_iteration),
+                       steps_per_iteration=h.steps_per_iteration, chunk_digests=chunk_digests(trace)),
         inputs=PlannerInputs(budget_bytes=budget_bytes, num_ssds=1, ssd_read_gbps=1.0, ssd_write_gbps=1.0,
                              host_mem_bytes=pool_bytes, host_gbps=1.0, pcie_gbps=1.0, headroom_bytes=0,
                              latency_us=0.0),

@@ -94,7 +94,8 @@ def test_evaluation_passes_pause_the_plan_which_resumes_and_training_stays_ident
     assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
     paused = [row.iteration for row in report.per_iteration if row.paused_at_kernel >= 0]
     assert paused == [3, 6, 9] and report.plan_pauses == 3 and report.guard_trips == 0
-    assert [row.iteration for row in report.per_iteration if row.followed_plan] == [2, 4, 5, 7, 8]
+    # iteration 1 ran the traced ops and followed the plan as it did (Note [Following before learning])
+    assert [row.iteration for row in report.per_iteration if row.followed_plan] == [1, 2, 4, 5, 7, 8]
 
 
 @pytest.mark.parametrize("variant", ["--lora", "--grad-ckpt", "--dynamic", "--autocast"])

@@ -285,3 +285,28 @@ def test_an_argument_list_that_runs_plainly_runs_under_teraio(tmp_path):
     save_plan(every_period_plan(load_trace(tmp_path / "t.msgpack"), 1 << 30), tmp_path / "plan.json")
     proc = ok(teraio("run", "--plan", tmp_path / "plan.json", "--", PYTHON, script, *args, cwd=tmp_path))
     assert "20000 arguments" in proc.stdout
+
+
+def test_the_iteration_that_proves_the_plan_follows_it_too(work, tmp_path):
+    """Note [Following before learning]: a plan from `teraio plan` is followed from the job's
+    second iteration (the first makes the optimizer state), without the on-demand evictions
+    of an unplanned one; a plan without chunk digests (older plans) learns from that
+    iteration and follows from the next. Both train exactly like the plain run."""
+    trace = load_trace(work / "trace.msgpack")
+    peak = peak_bytes(trace)
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", peak // 2, "--ssds", 0, "--host-mem", peak,
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    _, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert_twin(work, tmp_path)
+    first, second = report.per_iteration[:2]
+    assert not first.followed_plan and first.paused_at_kernel == -1   # unplanned, not a pause
+    assert second.followed_plan and second.evictions == 0 and second.planned_offloads > 0, second
+    assert not report.pause_reason.startswith("iteration 0")
+
+    plan = load_plan(tmp_path / "plan.json")
+    trace_ref = plan.header.trace.model_copy(update={"chunk_digests": ""})
+    save_plan(plan.model_copy(update={"header": plan.header.model_copy(update={"trace": trace_ref})}),
+              tmp_path / "older.json")
+    _, report = run_example(work, tmp_path, tmp_path / "older.json")
+    assert_twin(work, tmp_path)
+    assert [row.followed_plan for row in report.per_iteration[:3]] == [False, False, True]

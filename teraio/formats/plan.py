@@ -45,6 +45,10 @@ class TraceRef(Strict):
     steps_per_iteration: int = Field(1, ge=1, description="optimizer steps per iteration, counted from the job's first")
     structure_digest: str = Field("", description="the trace's structure digest: iterations with this op "
                                   "structure follow the plan whatever their sizes; \"\" (older plans): exact shapes")
+    chunk_digests: str = Field("", description="the digest (16 hex digits) of each run of 64 kernels' signatures "
+                               "(structural where structure_digest is set), concatenated: the runtime follows the plan "
+                               "from the job's first iteration and checks each run as it ends; \"\" (older plans): "
+                               "the plan is followed from the iteration after one that ran the traced ops")
 
 
 class Calibration(Strict):

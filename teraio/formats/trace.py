@@ -228,6 +228,19 @@ def signature_digest(signatures) -> str:
     return hashlib.sha256(np.asarray(signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
 
 
+# Note [Following before learning] in teraio_run/agent.py: the signatures of a plan's iteration
+# in runs of this many kernels (the last one shorter), one signature_digest each
+CHUNK_KERNELS = 64
+
+
+def chunk_digests(trace: Trace) -> str:
+    """signature_digest of each run of CHUNK_KERNELS of the trace's signatures (structural
+    where it has a structure digest, as the runtime compares), concatenated (16 hex digits each)."""
+    signatures = trace.structure if trace.header.structure_digest else trace.signature
+    return "".join(signature_digest(signatures[lo:lo + CHUNK_KERNELS])
+                   for lo in range(0, len(signatures), CHUNK_KERNELS))
+
+
 def save_trace(trace_file: TraceFile, path: str | Path) -> None:
     raw = trace_file.model_dump(mode="python")
     for optional in ("profiled_under_cap", "largest_op"):  # absent, as in traces written before they existed
