@@ -8,7 +8,7 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   iteration whose digest and length match the plan's (iteration 1 of a job with AdamW, whose
   first step creates state) gives them: sha256 equality means it ran the traced ops, so its
   signatures are the trace's. Until then the job runs unplanned, or, with a plan that carries
-  chunk digests, follows it on trust (Note [Following before learning]).
+  chunk digests, follows it on trust (Note [Following before learning] in teraio_run/trust.py).
 - Following: every iteration after that starts on the plan, and each op's signature is
   compared with the learned one at its index (an integer compare). At the first difference,
   or an op past the trace's end, the plan pauses for the rest of that iteration: nothing more
@@ -53,27 +53,6 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   a storage born under that birth name in a later iteration is found under the owner name
   too (the guard keeps the op stream the traced one, so the birth name is the same op's
   output). A dict lookup per new storage, only in jobs that have such aliases.
-Note [Following before learning]
-Learning needs a whole matching iteration, so the iteration that teaches the plan ran
-unplanned, with on-demand evictions where the plan would have moved tensors ahead of use
-(the LoRA case on the H200: its second iteration 2.2 s with 2,154 evictions, a planned one
-1.5 s with none). Plans since chunk digests exist carry one digest per run of CHUNK_KERNELS
-kernels of the traced iteration (TraceRef.chunk_digests), so an iteration not learned yet
-follows the plan from its first kernel and checks each run as it ends: a run unlike the
-trace's, an op past its end or an early end leave the plan for the rest of the iteration,
-which then runs unplanned as before (not counted as a pause: nothing was learned to depart
-from). Up to 63 kernels' actions are taken before their run is checked; none can corrupt
-training (every op's inputs are made resident first) and the budget keeper holds the cap
-whatever was moved. The inputs such an iteration meets are indexed by name as they come,
-since its parameters were made before the walk began. Sizes (above) are checked when the
-iteration is learned, at its end, not sooner: mid-iteration the walk's records include
-storages freed since the boundary (a gradient's, renamed by a reused address), and a check
-there refused plans of the right job (tests/clients/checkpointed_blocks.py). So a plan for a
-model of another width is followed on trust for that one iteration, moving the wrong bytes:
-exact, and within the cap by the keeper. A job's first iteration rarely matches (its setup
-ops and first optimizer step come before or inside it); its second usually does, and is
-now planned. A plan found foreign (a guard trip, or sizes) is not followed on trust again.
-Older plans (no chunk digests) keep the learning-only behaviour.
 Unplanned stretches stay within budget by on-demand eviction of the least recently used
 tensors (teraio_run/budget.py). Neither path can corrupt training: every op's inputs are made resident first
 (ensure_resident). Reads that bypass ATen (safetensors, numpy, DLPack) go through
@@ -88,13 +67,14 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from teraio.errors import PlanMismatchError, stop_job
 from teraio.formats.plan import Plan
-from teraio.formats.trace import CHUNK_KERNELS, Kind, signature_digest
+from teraio.formats.trace import Kind, signature_digest
 from teraio.units import format_bytes
 from teraio.walk import OpWalk, WalkListener, makes_uninitialized, op_structure, written_arguments
 from teraio_run.budget import BudgetKeeper
 from teraio_run.engine import MigrationEngine
 from teraio_run.metrics import IterationLog
 from teraio_run.saving import save_from_tiers
+from teraio_run.trust import ChunkCheck
 
 # Note [When the plan is followed], Sizes: kinds whose size is the model's, whatever the batch
 SIZED_KINDS = frozenset({Kind.parameter.name, Kind.gradient.name, Kind.optimizer_state.name})
@@ -126,9 +106,12 @@ class RunAgent(WalkListener):
                   "instead (a replay needs every write seen); plan with --no-recompute to plan for that",
                   file=sys.stderr)
         self.num_kernels = plan.header.trace.num_kernels
-        # Note [Following before learning]: the trace's signatures in runs, checked as each ends
-        self.chunks = plan.header.trace.chunk_digests
-        self.following = bool(self.chunks)
+        # Note [Following before learning] in teraio_run/trust.py: the trace's runs of signatures
+        chunks = plan.header.trace.chunk_digests
+        self.chunks = ChunkCheck(chunks, self.num_kernels) if chunks else None
+        self.following = self.chunks is not None
+        self.searching = False   # for the trace's start, after leaving the plan unlearned
+        self.start = 0           # this iteration's op that is the plan's kernel 0
         self.expected: list[int] | None = None   # the trace's signature per kernel, once learned
         self.paused_at = -1                      # kernel where this iteration left the plan
         self.by_id = {}
@@ -153,8 +136,8 @@ class RunAgent(WalkListener):
     def before_op(self, k, func, inputs):
         if self.replay is not None and self.replay.dependents and written_arguments(func):
             self._replay_before_write(inputs)
-        if self.following and k in self.prefetches_at:  # first: a replay planned here is no late prefetch
-            self._start_prefetches(k)
+        if self.following and k - self.start in self.prefetches_at:  # first: a replay planned here is no late prefetch
+            self._start_prefetches(k - self.start)
         self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
 
     def _replay_before_write(self, inputs) -> None:
@@ -189,9 +172,12 @@ class RunAgent(WalkListener):
                 by_id[alias] = record   # Note [When the plan is followed], Gradients of a step with a closure
         if new and makes_uninitialized(func):
             self.keeper.hold_unwritten(new)  # before the plan's offloads after this op
-        if self.following:
+        if self.searching:
+            self._search(inputs)
+        elif self.following:
+            k -= self.start
             if self.expected is None:
-                self._follow_unlearned(k, func, inputs)
+                self._follow_unlearned(k, inputs)
             elif k >= self.num_kernels or signature != self.expected[k]:
                 self._pause(k, func)
             if self.following:
@@ -201,28 +187,33 @@ class RunAgent(WalkListener):
                     self._offload_planned(k)
         self.keeper.after_op(inputs, new)
 
-    def _follow_unlearned(self, k: int, func, inputs) -> None:
+    def _follow_unlearned(self, k: int, inputs) -> None:
         """Note [Following before learning]: the inputs first met become known by name, and
         a run of kernels that ends here is checked against the plan's digest of it."""
-        by_id = self.by_id
-        for record in inputs:
-            by_id[record.id] = record
-        if k >= self.num_kernels:
-            self._leave_unlearned()
-            return
-        if (k + 1) % CHUNK_KERNELS and k + 1 != self.num_kernels:
-            return
-        lo = k - k % CHUNK_KERNELS
-        at = 16 * (lo // CHUNK_KERNELS)
-        if signature_digest(self.signatures[lo:k + 1]) != self.chunks[at:at + 16]:
+        self._index(inputs)
+        if self.chunks.run_unlike(self.signatures, self.start, k):
             self._leave_unlearned()
 
     def _leave_unlearned(self) -> None:
-        """This iteration is not the traced one after all: it runs unplanned from here, as it
-        would have without the plan's chunk digests (no pause: the plan was not learned yet)."""
-        self.following = False
+        """This iteration is not the traced one from here: it runs unplanned, as it would have
+        without the plan's chunk digests (no pause: the plan was not learned yet), and looks
+        for the trace's start again."""
+        self.following, self.searching = False, True
         if self.replay is not None:
             self.replay.drop_pending()
+
+    def _search(self, inputs) -> None:
+        """Note [Following before learning], Finding the trace's start: the plan is followed
+        from the next op if the run sought ended here."""
+        self._index(inputs)
+        start = self.chunks.start_found(self.signatures)
+        if start is not None:
+            self.start, self.searching, self.following = start, False, True
+
+    def _index(self, inputs) -> None:
+        by_id = self.by_id
+        for record in inputs:
+            by_id[record.id] = record
 
     def _offload_planned(self, k: int) -> None:
         for entry in self.offloads_after[k]:
@@ -255,7 +246,7 @@ class RunAgent(WalkListener):
 
     # ----- iteration boundary ---------------------------------------------------------------
     def on_iteration_end(self, iteration, num_kernels):
-        if self.following and num_kernels < self.num_kernels:  # every op matched, but the iteration ended early
+        if self.following and num_kernels - self.start < self.num_kernels:  # every op matched, but it ended early
             self._pause(num_kernels, None) if self.expected is not None else self._leave_unlearned()
         if self.expected is None:
             self._learn(iteration, num_kernels)
@@ -268,9 +259,9 @@ class RunAgent(WalkListener):
             self.iterations_on_plan += 1
         # Note [When the plan is followed]: every iteration starts on the plan once it is known;
         # Note [Following before learning]: before that too, unless the plan proved foreign
-        self.following = self.expected is not None or bool(
-            self.chunks and not self.sizes_differ and not self.guard_trips)
-        self.paused_at = -1
+        self.following = self.expected is not None or (
+            self.chunks is not None and not self.sizes_differ and not self.guard_trips)
+        self.paused_at, self.start, self.searching = -1, 0, False
         if self.replay is not None:
             self.replay.drop_pending()
         with _disable_current_modes():

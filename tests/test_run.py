@@ -290,7 +290,8 @@ def test_an_argument_list_that_runs_plainly_runs_under_teraio(tmp_path):
 def test_the_iteration_that_proves_the_plan_follows_it_too(work, tmp_path):
     """Note [Following before learning]: a plan from `teraio plan` is followed from the job's
     second iteration (the first makes the optimizer state), without the on-demand evictions
-    of an unplanned one; a plan without chunk digests (older plans) learns from that
+    of an unplanned one, and in the first from where its traced ops begin, after the job's
+    setup, with fewer; a plan without chunk digests (older plans) learns from the second
     iteration and follows from the next. Both train exactly like the plain run."""
     trace = load_trace(work / "trace.msgpack")
     peak = peak_bytes(trace)
@@ -310,3 +311,8 @@ def test_the_iteration_that_proves_the_plan_follows_it_too(work, tmp_path):
     _, report = run_example(work, tmp_path, tmp_path / "older.json")
     assert_twin(work, tmp_path)
     assert [row.followed_plan for row in report.per_iteration[:3]] == [False, False, True]
+    # Finding the trace's start: the first iteration, the job's setup ahead of it, follows the
+    # plan from the start it found until the first step makes the optimizer state
+    older_first = report.per_iteration[0]
+    assert first.planned_offloads > 0 and older_first.planned_offloads == 0
+    assert first.evictions < older_first.evictions, (first, older_first)

@@ -228,7 +228,7 @@ def signature_digest(signatures) -> str:
     return hashlib.sha256(np.asarray(signatures, dtype=np.uint32).tobytes()).hexdigest()[:16]
 
 
-# Note [Following before learning] in teraio_run/agent.py: the signatures of a plan's iteration
+# Note [Following before learning] in teraio_run/trust.py: the signatures of a plan's iteration
 # in runs of this many kernels (the last one shorter), one signature_digest each
 CHUNK_KERNELS = 64
 
