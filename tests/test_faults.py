@@ -23,13 +23,14 @@ from runtime_helpers import every_period_plan
 ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
 
 # Runs the example, removing the swap folders of this run (what `rm -rf DIR/*` does to a
-# running job) right after the given optimizer step, or with --fill filling their disk then
-# (another process writing to the same drive: preflight found room, the run loses it). The
-# agent starts at the job's first op, so the folders exist only from then on. With --swallow
-# the script catches every error and ends as if all went well.
+# running job) right after the given optimizer step (0: as the first forward begins), or with
+# --fill filling their disk then (another process writing to the same drive: preflight found
+# room, the run loses it). The agent starts at the job's first op, so the folders exist only
+# from then on. With --swallow the script catches every error and ends as if all went well.
 DRIVER = """
 import glob, os, runpy, shutil, sys
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 ssd, at, swallow, fill = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "--swallow", sys.argv[3] == "--fill"
@@ -49,7 +50,15 @@ def after_step(optimizer, args, kwargs):
     if steps[0] == at:
         fill_the_disk() if fill else remove_swap_folders()
 
+removed = [False]
+def at_the_first_forward(module, args):
+    if not removed[0]:
+        removed[0] = True
+        remove_swap_folders()
+
 register_optimizer_step_post_hook(after_step)
+if at == 0:
+    register_module_forward_pre_hook(at_the_first_forward)
 sys.argv = sys.argv[4:]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
@@ -127,7 +136,8 @@ def test_a_disk_that_fills_up_is_said_once_and_the_run_goes_on_in_the_host_pool(
 
 def test_a_swap_folder_removed_before_the_first_write_is_said_once_and_closed(work, tmp_path):
     ssd = tmp_path / "ssd"
-    proc, report = run_example(work, tmp_path, ssd, remove_at=1)  # iteration 0 evicts to the host pool only
+    # iteration 0 follows the plan from its second forward kernels on: the folder goes before that
+    proc, report = run_example(work, tmp_path, ssd, remove_at=0)
     assert_survived(work, tmp_path, proc, report)
     assert report.offloaded_bytes["ssd"] == 0  # the folder was gone before its first write
     (folder, reason), = report.closed_swap_dirs.items()
