@@ -26,7 +26,6 @@ _expired = torch.UntypedStorage._expired   # a storage's liveness by its weak po
 _swap_memory = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)   # PyTorch 2.4 has none
 
 MAX_CHECKS_SKIPPED = 64   # Note [Bounding the check]: an exact count at least this often
-POLL_EVERY_OPS = 4        # Note [Polling the copies]: copies in flight looked at once in this many ops
 EVICT_TARGET = 0.85   # on-demand eviction frees down to this share of the budget, leaving
                       # room for the next op's outputs (on CUDA the cap is hard)
 
@@ -94,7 +93,6 @@ class BudgetKeeper:
         self._restored_at_count = 0
         self._released_at_count = 0
         self._checks_skipped = 0
-        self._ops_since_poll = 0             # Note [Polling the copies]
         # Note [Counting resident bytes]: the storages that may still be alive, as weak references
         # (which keep their pointers valid), pointers and sizes; the sum of those sizes
         self._watched_refs, self._watched_cdata, self._watched_nbytes = [], [], []
@@ -109,9 +107,8 @@ class BudgetKeeper:
         """Before an op: every input resident (polling the copies in flight first). True when
         one had to come back, i.e. the op waited for data."""
         engine = self.engine
-        self._ops_since_poll += 1
-        if self._ops_since_poll >= POLL_EVERY_OPS:
-            self._poll()
+        if engine.copying_out or engine.releasing or engine.in_flight or engine.died:
+            engine.poll(self.walk.records)
         waited = False
         if engine.moved:
             for record in inputs:
@@ -130,24 +127,6 @@ class BudgetKeeper:
                 recency[record.key] = None
         self.grew = self.grew or waited
         return waited
-
-    def _poll(self) -> None:
-        """Note [Polling the copies]: finish the copies that are done, if any are in flight.
-
-        Looking at a copy asks the driver about its event (a CUDA call through Python: 2-3 us
-        on the H200 machine, up to three per look: the oldest copy timed, the oldest going out
-        per tier, the oldest pool slot freed), and a plan keeps copies in flight through most
-        of an iteration, so a look before every op cost more than an unplanned kernel's whole
-        walk. Nothing depends on seeing a copy finish early: an input still on its way is
-        finished by ensure_resident whatever the poll saw, and a copy-out that is done but
-        not yet released only holds its device bytes a few ops longer (a budget check over
-        the budget looks again before it waits: _keep_budget). So the keeper looks once in
-        POLL_EVERY_OPS ops: on the H200, ops are 15-50 us of host time apart, and a copy of a
-        MiB or more takes longer than that on the link."""
-        self._ops_since_poll = 0
-        engine = self.engine
-        if engine.copying_out or engine.releasing or engine.in_flight or engine.died:
-            engine.poll(self.walk.records)
 
     def _restore(self, record, inputs, cause: str) -> None:
         """One storage back on the device. On CUDA the cap is hard: a bring-back that finds no
@@ -379,9 +358,6 @@ class BudgetKeeper:
             self._checks_skipped += 1
             return
         resident = self.resident_bytes()
-        if resident > self.budget_bytes > 0 and self.engine.copying_out and self._ops_since_poll:
-            self._poll()   # copies done since the last look release their bytes without a wait
-            resident = self.resident_bytes()
         if resident > self.budget_bytes > 0 and self.engine.copying_out:
             resident = self._wait_for_offloads()
         if resident > self.budget_bytes > 0 and not self.holds:

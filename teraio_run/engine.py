@@ -217,8 +217,8 @@ class MigrationEngine:
     def _cancel_offload(self, record, moved: Moved) -> None:
         """The op stream touched a tensor we were copying out (the plan did not foresee it):
         keep it on the device and drop the copy; the data was never released. A write that
-        failed closed its folder all the same: said here too, or a copy cancelled before the
-        keeper's next look (Note [Polling the copies] in teraio_run/budget.py) hides it."""
+        failed closed its folder all the same: said here too, or a copy that fails after the
+        keeper's last poll and is cancelled before the next hides it."""
         if moved.transfer is not None and moved.transfer.wait() is not None:
             self.stats.io_errors += 1
             self._say_closed_dirs(moved.tier)
