@@ -26,8 +26,9 @@ Which candidates: a replay costs the producer's kernel time on the device; a mov
 round trip on the link, 2 x nbytes over the fastest tier path (bandwidth.py). Only gaps that
 overlap kernels over the budget can help. Candidates are ranked by link time saved per replay
 time, and make.py plans a few sets (none, and those above each of RATIO_THRESHOLDS) jointly
-with the moves and keeps the one the simulator predicts fastest (ties: fewer replays), since
-neither the link nor the budget alone says how much replay time pays.
+with the moves and keeps the one the simulator predicts fastest, a tie going to the plan with
+fewer copies (Note [Ties between plans] in make.py), since neither the link nor the budget
+alone says how much replay time pays.
 
 Note [Chains of replays]
 A replay at e reads its inputs there; an input i chosen for replay over e (idle from a_i to

@@ -234,7 +234,10 @@ def test_an_input_of_a_replay_is_replayed_just_before_it_and_counted_back_from_t
 def test_the_roofline_sweep_plans_replays_as_teraio_plan_does(work):
     """The sweep (`teraio plan --sweep`) plans each bandwidth as `teraio plan` would: over slow
     links, where replays pay, its predicted share of ideal is above a moves-only sweep's, and
-    never below it."""
+    never below it by more than a tie (Note [Ties between plans]: a plan within TIE_SHARE of
+    the fastest with fewer copies is kept)."""
+    from teraio_plan.make import TIE_SHARE
+
     tmp, _, _ = work
     trace = load_trace(tmp / "trace.msgpack")
     budget = int(live_bytes_per_kernel(trace).max()) // 3
@@ -242,4 +245,4 @@ def test_the_roofline_sweep_plans_replays_as_teraio_plan_does(work):
     with_replays = sweep(trace, planner_inputs(trace, gpu_mem_bytes=budget), slow_gbps)
     moves_only = sweep(trace, planner_inputs(trace, gpu_mem_bytes=budget, recompute=False), slow_gbps)
     pairs = [(a.share_of_ideal, b.share_of_ideal) for a, b in zip(with_replays, moves_only) if a.fits]
-    assert pairs and all(a >= b - 1e-9 for a, b in pairs) and any(a > b for a, b in pairs)
+    assert pairs and all(a >= b / (1 + TIE_SHARE) - 1e-9 for a, b in pairs) and any(a > b for a, b in pairs)
