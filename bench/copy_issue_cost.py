@@ -9,7 +9,9 @@ us on the small-batch 1B, 267-315 us on the 3B with re-allocation). This measure
 device (no full launch queue to wait behind), what starting a copy costs in each part:
 - `engine`: the whole plan action through the real MigrationEngine and HostTier: offload
   (pool slot, copy out, release) and prefetch (re-allocate, copy in) then ensure_resident;
-- `tier`: HostTier.copy_out / copy_in alone (streams, events, the copy);
+- `tier`: HostTier.copy_out / copy_in alone (streams, events, the copy), each copy after an
+  event of its own on the compute stream; `tier_group`: the same copies as one group, after one
+  event (Note [One compute-stream event per group of copies] in teraio_run/tiers.py);
 - `resize`: the storage's re-allocation and release alone (the caching allocator, no cap);
 - `lean`: the stream work the tier does written with one event recorded on the compute
   stream for the whole batch and no timing events (a candidate, same copies); `lean_each`:
@@ -20,6 +22,7 @@ Each is the median over rounds of the per-copy mean, in microseconds.
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -36,7 +39,7 @@ from run_baseline import git_commit  # noqa: E402
 from teraio.formats.trace import Kind  # noqa: E402
 from teraio.walk import StorageRecord  # noqa: E402
 from teraio_run.engine import MigrationEngine  # noqa: E402
-from teraio_run.tiers import HostPool, HostTier, byte_view, compute_stream  # noqa: E402
+from teraio_run.tiers import ComputeMark, HostPool, HostTier, byte_view, compute_stream  # noqa: E402
 
 CPP_SOURCE = r"""
 #include <torch/extension.h>
@@ -105,8 +108,9 @@ def measure(args) -> dict:
     slots = [pool.alloc(nbytes) for _ in records]
     scratch = [torch.empty(nbytes, dtype=torch.uint8, device="cuda").untyped_storage() for _ in records]
     cpp = build_cpp() if args.cpp else None
-    rows = {name: [] for name in ("engine_out", "engine_in", "tier_out", "tier_in", "resize", "lean_out",
-                                  "lean_in", "lean_each_out") + (("cpp_out", "cpp_in") if cpp else ())}
+    rows = {name: [] for name in ("engine_out", "engine_in", "tier_out", "tier_in", "tier_group_out", "tier_group_in",
+                                  "resize", "lean_out", "lean_in", "lean_each_out")
+            + (("cpp_out", "cpp_in") if cpp else ())}
     for _ in range(args.rounds):
         rows["engine_out"].append(per_copy_us(lambda: [engine.offload(r, "host") for r in records], count))
         engine.poll(by_key)
@@ -119,10 +123,10 @@ def measure(args) -> dict:
         rows["engine_in"].append(per_copy_us(bring_back, count))
         engine.poll(by_key)
         storages = [t.untyped_storage() for t in tensors]
-        rows["tier_out"].append(per_copy_us(lambda: [tier.copy_out(s, slot) for s, slot in zip(storages, slots)],
-                                            count))
-        rows["tier_in"].append(per_copy_us(lambda: [tier.copy_in(s, slot, None) for s, slot in zip(storages, slots)],
-                                           count))
+        for grouped in (False, True):  # Note [One compute-stream event per group of copies]
+            name = "tier_group" if grouped else "tier"
+            rows[f"{name}_out"].append(per_copy_us(lambda: tier_copies(tier, storages, slots, True, grouped), count))
+            rows[f"{name}_in"].append(per_copy_us(lambda: tier_copies(tier, storages, slots, False, grouped), count))
         rows["resize"].append(per_copy_us(lambda: [(s.resize_(0), s.resize_(nbytes)) for s in scratch], count))
         rows["lean_out"].append(per_copy_us(lambda: lean(tier.d2h_stream, storages, slots, pool, out=True), count))
         rows["lean_in"].append(per_copy_us(lambda: lean(tier.h2d_stream, storages, slots, pool, out=False), count))
@@ -137,6 +141,15 @@ def measure(args) -> dict:
                     cpp.query_and_free(event)
     assert all(torch.equal(t, torch.full_like(t, float(i))) for i, t in enumerate(tensors)), "a copy lost bytes"
     return {name: round(statistics.median(values), 1) for name, values in rows.items()}
+
+
+def tier_copies(tier, storages, slots, out: bool, grouped: bool) -> None:
+    """HostTier's copies of every storage, each with its own compute-stream event or, grouped,
+    all after one (as the plan's offloads after one kernel are)."""
+    mark = ComputeMark(cuda=True)
+    with mark if grouped else contextlib.nullcontext():
+        for storage, slot in zip(storages, slots):
+            tier.copy_out(storage, slot, mark) if out else tier.copy_in(storage, slot, None, mark)
 
 
 def lean(stream, storages, slots, pool, out: bool) -> None:

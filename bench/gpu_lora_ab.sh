@@ -3,6 +3,8 @@
 # the tree's and an older commit's packages extracted into oldab/ (untracked, it travels):
 #   rm -rf oldab && mkdir oldab && git archive <old sha> teraio teraio_run teraio_profile teraio_plan | tar -x -C oldab
 #   device: TERAIO_COMMIT=<sha> OLD_COMMIT=<old sha> bash bench/gpu_lora_ab.sh   (carry [".whl"], py-spy in it)
+# RUNS="new old new old" picks the runs (default: new old new spy); CALIBRATE=1 then plans
+# again from run 1's report with the tree's planner and runs that plan with the tree's runtime.
 # Plain and uncapped once, profiled and planned (host tier, 1/2 of the traced peak) by the tree,
 # then run under that plan by new, old, new runtimes (losses compared with the plain run's each
 # time), and once more by the new one under py-spy: where the job's thread spends a planned
@@ -44,7 +46,7 @@ print(f"{sys.argv[2]}: {run['iterations_on_plan']} of {run['iterations']} on pla
 EOF
 }
 n=0
-for V in new old new spy; do
+for V in ${RUNS:-new old new spy}; do
   n=$((n + 1)); D=$([[ $V == old ]] && echo $OLD || echo $NEW)
   step "run $n: $V"
   SPY=(); [[ $V == spy ]] && SPY=(py-spy record --rate 200 --idle --subprocesses --format raw -o "$OUT/lora_planned.stacks" --)
@@ -53,6 +55,26 @@ for V in new old new spy; do
   cmp -s $TMP/plain.json $TMP/run_$n.json && echo "losses identical" || echo "LOSSES DIFFER"
   summary "$OUT/run_${n}_$V.json" "$V"
 done
+if [[ -n ${CALIBRATE:-} ]]; then   # the new planner, calibrated from run 1, and the new runtime under its plan
+  step "plan again from run 1's report (new) and run it"
+  python3 -m teraio plan $TMP/lora.msgpack --gpu-mem $((PEAK / 2)) --ssds 0 --host-mem ${HOST_MEM:-64GiB} --host-gbps 37 \
+      --pcie-gbps 55 --headroom ${HEADROOM:-1GiB} --calibrate "$OUT/run_1_new.json" -o "$OUT/plan_lora_cal.json" > /dev/null || exit 1
+  timeout 240 python3 -m teraio run --plan "$OUT/plan_lora_cal.json" --report "$OUT/run_cal_new.json" \
+      -- $JOB --losses-out $TMP/run_cal.json > $TMP/run_cal.log 2>&1 || { tail -5 $TMP/run_cal.log; exit 1; }
+  cmp -s $TMP/plain.json $TMP/run_cal.json && echo "losses identical" || echo "LOSSES DIFFER"
+  summary "$OUT/run_cal_new.json" "calibrated plan, new"
+  python3 - "$OUT/plan_lora.json" "$OUT/plan_lora_cal.json" "$OUT/run_cal_new.json" <<'EOF'
+import json, sys
+plan, cal, run = (json.load(open(p)) for p in sys.argv[1:])
+for name, p in (("plan", plan), ("calibrated plan", cal)):
+    replays = sum(e["tier"] == "recompute" for e in p["entries"])
+    copies = sum(0 if e["tier"] == "recompute" else 1 if e.get("clean") else 2 for e in p["entries"])
+    print(f"{name}: {replays} replays, {copies} copies per iteration, predicted "
+          f"{p['header']['prediction']['iteration_ms']:.1f} ms")
+print(f"calibrated: measured {run['measured_iteration_ms']:.1f} ms "
+      f"({cal['header']['prediction']['iteration_ms'] / run['measured_iteration_ms'] - 1:+.1%} predicted)")
+EOF
+fi
 if [[ -s $OUT/lora_planned.stacks ]]; then
   python3 bench/spy_summary.py "$OUT/lora_planned.stacks" --inside "main (hf_llama.py)" --top 70 > "$OUT/lora_planned.txt"
   head -75 "$OUT/lora_planned.txt"; echo ...; sed -n '/self %/,$p' "$OUT/lora_planned.txt"

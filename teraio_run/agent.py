@@ -147,20 +147,24 @@ class RunAgent(WalkListener):
             self.keeper.restore_inputs([record], "replay_before_write")
 
     def _start_prefetches(self, k: int) -> None:
-        for entry in self.prefetches_at.get(k, ()):
-            record = self.by_id.get(entry.tensor)
-            if record is None:
-                # before the plan is learned, a tensor not met yet is one never moved
-                if self.expected is not None:
-                    self.log.counts["plan_ids_missing"] += 1
-                continue
-            # counted after this op, and sent back if it passes the budget there (Note
-            # [Prefetches within the budget] in teraio_run/budget.py)
-            self.keeper.grew = True
-            try:
-                self.engine.prefetch(record)
-            except torch.OutOfMemoryError:
-                self.engine.stats.skipped += 1  # no room yet: it comes back when an op needs it
+        with self.engine.compute_mark:  # Note [One compute-stream event per group of copies] in tiers.py
+            for entry in self.prefetches_at.get(k, ()):
+                self._prefetch(entry)
+
+    def _prefetch(self, entry) -> None:
+        record = self.by_id.get(entry.tensor)
+        if record is None:
+            # before the plan is learned, a tensor not met yet is one never moved
+            if self.expected is not None:
+                self.log.counts["plan_ids_missing"] += 1
+            return
+        # counted after this op, and sent back if it passes the budget there (Note
+        # [Prefetches within the budget] in teraio_run/budget.py)
+        self.keeper.grew = True
+        try:
+            self.engine.prefetch(record)
+        except torch.OutOfMemoryError:
+            self.engine.stats.skipped += 1  # no room yet: it comes back when an op needs it
 
     def after_op(self, k, func, inputs, new, signature):
         if self.expected is None:
@@ -216,15 +220,19 @@ class RunAgent(WalkListener):
             by_id[record.id] = record
 
     def _offload_planned(self, k: int) -> None:
-        for entry in self.offloads_after[k]:
-            record = self.by_id.get(entry.tensor)
-            if record is None:
-                if self.expected is not None:   # an iteration on trust may not be the traced one
-                    self.log.counts["plan_ids_missing"] += 1
-            elif (refused := self.keeper.refusal(record, Kind[entry.kind])) is not None:
-                self.log.refuse(entry, refused)  # Note [Refused plan actions] in teraio_run/metrics.py
-            elif self.engine.offload(record, self._tier(entry, record)):
-                self.log.counts["planned_offloads"] += 1
+        with self.engine.compute_mark:  # Note [One compute-stream event per group of copies] in tiers.py
+            for entry in self.offloads_after[k]:
+                self._offload(entry)
+
+    def _offload(self, entry) -> None:
+        record = self.by_id.get(entry.tensor)
+        if record is None:
+            if self.expected is not None:   # an iteration on trust may not be the traced one
+                self.log.counts["plan_ids_missing"] += 1
+        elif (refused := self.keeper.refusal(record, Kind[entry.kind])) is not None:
+            self.log.refuse(entry, refused)  # Note [Refused plan actions] in teraio_run/metrics.py
+        elif self.engine.offload(record, self._tier(entry, record)):
+            self.log.counts["planned_offloads"] += 1
 
     def _capture(self, func, inputs, new, replays_of: dict[str, int]) -> None:
         """Keep the call of an op whose output the plan replays later (Note [Replay])."""

@@ -419,6 +419,20 @@ class BudgetKeeper:
         the order until next used."""
         t0 = time.perf_counter()
         target = int(self.budget_bytes * EVICT_TARGET) if target is None else target
+        with self.engine.compute_mark:  # one event for the copies (Note [One compute-stream event ...] in tiers.py)
+            leaving = self._offload_least_recent(resident, protected, target)
+        for key in leaving:
+            del self.recency[key]
+        self.engine.wait_offloads(self.walk.records)
+        resident = self.resident_bytes()
+        if resident > self.budget_bytes:
+            resident = self._defer_prefetches(resident, protected)
+        self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
+        return resident
+
+    def _offload_least_recent(self, resident: int, protected: set, target: int) -> list[int]:
+        """Start offloads from the least recently used on until `target`; the keys that leave
+        the order (offloaded, or freed by the job)."""
         records, moved, leaving = self.walk.records, self.engine.moved, []
         for key in self.recency:
             if resident <= target:
@@ -435,14 +449,7 @@ class BudgetKeeper:
                 self.engine.stats.evictions += 1
                 resident -= record.nbytes
                 leaving.append(key)
-        for key in leaving:
-            del self.recency[key]
-        self.engine.wait_offloads(self.walk.records)
-        resident = self.resident_bytes()
-        if resident > self.budget_bytes:
-            resident = self._defer_prefetches(resident, protected)
-        self.engine.stats.stall("memory_short", "(on-demand eviction)", time.perf_counter() - t0)
-        return resident
+        return leaving
 
     def _defer_prefetches(self, resident: int, protected: set) -> int:
         """Note [Prefetches within the budget]: a storage that a plan's prefetch brought back

@@ -47,7 +47,7 @@ import torch
 
 from teraio.formats.trace import Kind
 from teraio_run.stops import CannotGoOnExactly, stop
-from teraio_run.tiers import CopyFailed, Tier, Transfer
+from teraio_run.tiers import ComputeMark, CopyFailed, Tier, Transfer
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
 LOST = "lost"
@@ -184,6 +184,8 @@ class MigrationEngine:
         self.died: list[tuple[int, weakref.ref]] = []  # freed by the job while out (Note [Died while out])
         self.held: dict[int, int] = {}  # storage key -> open raw reads of it: it does not leave (Note [Held for a copy])
         self.meter = PathMeter()
+        # `with engine.compute_mark:` around a group of copies: Note [One compute-stream event per group of copies]
+        self.compute_mark = ComputeMark(cuda)
 
     # ----- the correctness path ------------------------------------------------------------
     def ensure_resident(self, record, cause: str) -> None:
@@ -250,7 +252,7 @@ class MigrationEngine:
         tier, slot = placed
         moved = Moved(tier, slot, storage.nbytes(), OFFLOADING, None, storage)
         t0 = time.perf_counter()
-        moved.transfer = self._track(tier.copy_out(storage, slot))
+        moved.transfer = self._track(tier.copy_out(storage, slot, self.compute_mark))
         if tier.name != "recompute":  # a release for a replay starts no copy
             self._count_issue(tier, time.perf_counter() - t0)
         moved.writes = record.writes
@@ -418,7 +420,7 @@ class MigrationEngine:
         t1 = time.perf_counter()
         self.stats.restore_alloc_ms += (t1 - t0) * 1e3
         try:
-            transfer = moved.tier.copy_in(storage, moved.slot, moved.transfer)
+            transfer = moved.tier.copy_in(storage, moved.slot, moved.transfer, self.compute_mark)
         except torch.OutOfMemoryError:  # a replay's own output found no room: still out, as before
             storage.resize_(0)
             raise

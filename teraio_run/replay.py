@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from teraio.walk import tensors_in
 from teraio_run.stops import CannotGoOnExactly, stop
-from teraio_run.tiers import Transfer
+from teraio_run.tiers import ComputeMark, Transfer
 
 REPLAY_PATH = "replay"   # a Transfer's path no link meter counts
 CAST_KWARGS = {"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}
@@ -123,7 +123,7 @@ class ReplayTier:
         self._next_slot += 1
         return self._next_slot
 
-    def copy_out(self, storage, slot: int) -> Transfer:
+    def copy_out(self, storage, slot: int, mark: ComputeMark) -> Transfer:
         key = storage._cdata
         call = self.pending.pop(key)
         self.slots[slot] = call
@@ -137,7 +137,7 @@ class ReplayTier:
         """Records that must be resident before copy_in: the replay's inputs."""
         return [record for record, _ in self.slots[slot].inputs]
 
-    def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer:
+    def copy_in(self, storage, slot: int, after_out: Transfer | None, mark: ComputeMark) -> Transfer:
         call = self.slots[slot]
         if not call.unwritten():
             raise stop(ReplayMismatch(f"an input of {call.record.id} was written while it was released: its replay "
@@ -146,6 +146,8 @@ class ReplayTier:
         t0 = time.perf_counter()
         with _disable_current_modes(), torch.no_grad(), torch.autocast(self.device_type, enabled=False):
             _replay_into(call, storage)
+        mark.forget()  # its kernels are queued: copies after them wait for them (tiers.py, Note [One
+        # compute-stream event per group of copies])
         call.replays_left -= 1
         if call.replays_left > 0:
             self.pending[call.record.key] = call   # its next idle period replays it again

@@ -91,7 +91,7 @@ def build_engine(settings: Settings, pool_bytes: int, cuda: bool) -> tuple[Migra
     pool = HostPool(pool_bytes, pin=cuda)
     pool_pin_s = time.perf_counter() - t0
     host_tier = HostTier(pool, cuda, threads) if pool.capacity else None  # --host-mem 0: the disk alone
-    engine = MigrationEngine(host_tier, SsdTier(run_dirs, files, cuda, threads), cuda,
+    engine = MigrationEngine(host_tier, SsdTier(run_dirs, files, threads), cuda,
                              keep_clean=settings.clean_copies, replay_tier=ReplayTier("cuda" if cuda else "cpu"))
     return engine, RunContext(settings, None, run_dirs, files.name, threads, pool.capacity, pool_pin_s)
 

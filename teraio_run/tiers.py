@@ -28,6 +28,18 @@ of each path among them, and the meter takes the rate of the timed ones for all 
 path run one after another on one stream, at about one rate); every copy still ends in an
 event, which `done` and `wait` use.
 
+Note [One compute-stream event per group of copies]
+Each stream copy waits for the compute stream's work so far: an event recorded there, and the
+side stream told to wait for it. The plan starts its copies in groups, the offloads after one
+kernel and the prefetches before one; no kernel is queued between the copies of a group but
+a replay's, so one event serves them all, and each side stream waits on it once. Recording
+the event per copy cost 9 us of host time per copy more on an idle H200 (23 us against 14,
+bench/copy_issue_cost.py, 2026-12-02), on ~2,600 copies per iteration of the LoRA case. A
+ComputeMark is that event: entered (`with engine.compute_mark:`), the first copy records it
+and later copies share it, until the group ends or a replay queues kernels (the replay tier
+forgets it: a copy after those kernels needs an event after them); outside a group each copy
+gets its own. Another group's event is never reused: between two groups the job's ops run.
+
 Note [Failed copies are values]
 A swap file that cannot be written (a full disk, a folder removed) or read back comes back
 from its I/O thread as a `CopyFailed`, never as a raised exception. An exception carries its
@@ -162,18 +174,63 @@ def compute_stream() -> torch.cuda.Stream:
     return torch.cuda.current_stream(torch.cuda.current_device())
 
 
-def _stream_copy(stream, compute, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor, timed: bool):
-    """dst.copy_(src) on `stream` once it has passed the compute stream's work so far, ending
-    in an event (between two timing events when `timed`); `keep_alive`'s block is not reused by
-    the allocator before the copy has passed (record_stream). The stream is set and restored
-    by hand for the reason in compute_stream; the compute stream's event is made here rather
-    than by `wait_stream`, which adds two Python calls."""
-    ready = torch.cuda.Event()
-    ready.record(compute)
+class ComputeMark:
+    """The compute stream's work so far, as an event side streams and I/O threads wait on:
+    one per group of copies (Note [One compute-stream event per group of copies])."""
+
+    __slots__ = ("cuda", "depth", "event", "waited")
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.depth = 0        # open groups (a group may start inside another)
+        self.event = None     # the group's event, once its first copy recorded it
+        self.waited = []      # side streams already waiting on it
+
+    def __enter__(self) -> "ComputeMark":
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.forget()
+
+    def forget(self) -> None:
+        """Kernels were queued since the event: copies from here wait for a new one."""
+        self.event, self.waited = None, []
+
+    def now(self):
+        """An event after the compute stream's work so far (None on the CPU)."""
+        if self.event is not None or not self.cuda:
+            return self.event
+        event = torch.cuda.Event()
+        event.record(compute_stream())
+        if self.depth:
+            self.event = event
+        return event
+
+    def make_wait(self, stream) -> None:
+        """`stream`'s later work runs after the compute stream's work so far."""
+        event = self.now()
+        if any(waiting is stream for waiting in self.waited):
+            return
+        stream.wait_event(event)
+        if self.depth:
+            self.waited.append(stream)
+
+
+def _stream_copy(stream, mark: ComputeMark, dst: torch.Tensor, src: torch.Tensor, keep_alive: torch.Tensor,
+                 timed: bool):
+    """dst.copy_(src) on `stream` once it has passed the compute stream's work so far (`mark`),
+    ending in an event (between two timing events when `timed`); `keep_alive`'s block is not
+    reused by the allocator before the copy has passed (record_stream). The stream is set and
+    restored by hand for the reason in compute_stream; the compute stream's event is the mark's
+    rather than `wait_stream`'s, which adds two Python calls and an event per copy."""
+    compute = compute_stream()
     start, end = torch.cuda.Event(enable_timing=timed), torch.cuda.Event(enable_timing=timed)
+    mark.make_wait(stream)
     torch.cuda.set_stream(stream)
     try:
-        stream.wait_event(ready)
         if timed:
             start.record(stream)
         dst.copy_(src, non_blocking=True)
@@ -311,9 +368,9 @@ class Tier(Protocol):
 
     def alloc(self, nbytes: int) -> int | None: ...
 
-    def copy_out(self, storage, slot: int) -> Transfer: ...
+    def copy_out(self, storage, slot: int, mark: ComputeMark) -> Transfer: ...
 
-    def copy_in(self, storage, slot: int, after_out: Transfer | None) -> Transfer: ...
+    def copy_in(self, storage, slot: int, after_out: Transfer | None, mark: ComputeMark) -> Transfer: ...
 
     def read_host(self, slot: int, nbytes: int) -> torch.Tensor | None:
         """A CPU copy of the slot's bytes (uint8), None when the tier holds none (a replay)."""
@@ -359,17 +416,16 @@ class HostTier:
         peak, self.pool.peak_used = self.pool.peak_used, self.pool.used
         return peak
 
-    def copy_out(self, storage, slot) -> Transfer:
+    def copy_out(self, storage, slot, mark: ComputeMark) -> Transfer:
         nbytes = storage.nbytes()
         dst, src = self.pool.slice(slot, nbytes), byte_view(storage)
         if not self.cuda:
             return cpu_copy(self.threads, "d2h", dst, src)
         # after the compute stream's work so far: it reads finished data
-        start, end = _stream_copy(self.d2h_stream, compute_stream(), dst, src, keep_alive=src,
-                                  timed=self._time_next("d2h"))
+        start, end = _stream_copy(self.d2h_stream, mark, dst, src, keep_alive=src, timed=self._time_next("d2h"))
         return Transfer("d2h", nbytes, event=end, start=start)
 
-    def copy_in(self, storage, slot, after_out: Transfer | None) -> Transfer:
+    def copy_in(self, storage, slot, after_out: Transfer | None, mark: ComputeMark) -> Transfer:
         nbytes = storage.nbytes()
         dst, src = byte_view(storage), self.pool.slice(slot, nbytes)
         if not self.cuda:
@@ -378,8 +434,7 @@ class HostTier:
             self.h2d_stream.wait_event(after_out.event)  # the pool slice holds the bytes
         # after the compute stream's work so far: the new block is free to write; keep_alive=dst:
         # if the tensor is freed before its use, the block is not reused under the copy
-        start, end = _stream_copy(self.h2d_stream, compute_stream(), dst, src, keep_alive=dst,
-                                  timed=self._time_next("h2d"))
+        start, end = _stream_copy(self.h2d_stream, mark, dst, src, keep_alive=dst, timed=self._time_next("h2d"))
         return Transfer("h2d", nbytes, event=end, start=start)
 
     def _time_next(self, path: str) -> bool:
@@ -462,8 +517,8 @@ class SsdTier:
     frees_at_once = False  # device memory is released once the I/O thread has read it
     keeps_copies = False   # the disk's room was checked for the plan's files only; kept ones could fill it
 
-    def __init__(self, run_dirs: list[Path], files, cuda: bool, threads: ThreadPoolExecutor):
-        self.run_dirs, self.files, self.cuda, self.threads = run_dirs, files, cuda, threads
+    def __init__(self, run_dirs: list[Path], files, threads: ThreadPoolExecutor):
+        self.run_dirs, self.files, self.threads = run_dirs, files, threads
         self.closed: dict[Path, str] = {}  # run folder -> why it takes no more writes (I/O threads add)
         self._chunks_of: dict[int, list] = {}  # slot -> [(path, lo, hi)] as written
         self._next = 0
@@ -491,15 +546,15 @@ class SsdTier:
         self._chunks_of[slot] = chunks  # read back from where it was written, whatever closes later
         return chunks
 
-    def copy_out(self, storage, slot) -> Transfer:
+    def copy_out(self, storage, slot, mark: ComputeMark) -> Transfer:
         data = byte_view(storage)
         chunks = self._place_chunks(slot, data.numel())
-        future = self.threads.submit(self._io, self.files.write, chunks, data, self._compute_event())
+        future = self.threads.submit(self._io, self.files.write, chunks, data, mark.now())
         return Transfer("d2s", data.numel(), future=future)
 
-    def copy_in(self, storage, slot, after_out=None) -> Transfer:
+    def copy_in(self, storage, slot, after_out: Transfer | None, mark: ComputeMark) -> Transfer:
         data = byte_view(storage)
-        future = self.threads.submit(self._io, self.files.read, self._chunks_of[slot], data, self._compute_event())
+        future = self.threads.submit(self._io, self.files.read, self._chunks_of[slot], data, mark.now())
         return Transfer("s2d", data.numel(), future=future)
 
     def read_host(self, slot: int, nbytes: int) -> torch.Tensor | None:
@@ -511,13 +566,6 @@ class SsdTier:
         except OSError:
             return None   # ensure_resident reads it again and says what was lost
         return data
-
-    def _compute_event(self):
-        if not self.cuda:
-            return None
-        event = torch.cuda.Event()
-        event.record(compute_stream())
-        return event
 
     def _io(self, op, chunks, data, ready) -> tuple[float, float] | CopyFailed:
         if ready is not None:

@@ -158,14 +158,46 @@ def test_a_full_pool_waits_on_the_copy_in_event_not_the_disk(tmp_path):
 
     threads = ThreadPoolExecutor(max_workers=1)
     pool = HostPool(256 * 2**20, pin=True)
-    host, ssd = HostTier(pool, True, threads), SsdTier([tmp_path], PosixFiles(), True, threads)
+    host, ssd = HostTier(pool, True, threads), SsdTier([tmp_path], PosixFiles(), threads)
     engine = MigrationEngine(host, ssd, True)
     target = torch.empty(pool.capacity, dtype=torch.uint8, device="cuda")
     slot = pool.alloc(pool.capacity)
-    copy_in = host.copy_in(target.untyped_storage(), slot, None)  # 256 MiB: still queued when we ask
+    copy_in = host.copy_in(target.untyped_storage(), slot, None, engine.compute_mark)  # 256 MiB: queued yet
     engine.releasing.append(Moved(host, slot, pool.capacity, PREFETCHING, copy_in, None))
     tier, placed = engine._place("host", pool.capacity)
     assert (tier.name, placed, engine.stats.other_tier_bytes) == ("host", slot, 0) and copy_in.done()
+
+
+def test_copies_started_as_one_group_read_what_the_ops_before_them_wrote(tmp_path):
+    """Note [One compute-stream event per group of copies]: offloads started together after
+    slow kernels still queued wait for all of them (through both tiers), and come back as the
+    ops made them; prefetches of one group land whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from teraio.walk import StorageRecord
+    from teraio_run.engine import MigrationEngine
+    from teraio_run.tiers import HostPool, HostTier, PosixFiles, SsdTier
+
+    threads = ThreadPoolExecutor(max_workers=2)
+    host, ssd = HostTier(HostPool(64 * 2**20, pin=True), True, threads), SsdTier([tmp_path], PosixFiles(), threads)
+    engine = MigrationEngine(host, ssd, True)
+    seed = torch.randn(2048, 2048, device="cuda")
+    made = [seed]
+    for _ in range(6):  # each waits for the last: ~tens of ms queued before the copies start
+        made.append(made[-1] @ seed / 45)
+    records = [StorageRecord(i + 1, f"t{i}", Kind.activation, t, t.untyped_storage(), 0) for i, t in enumerate(made)]
+    with engine.compute_mark:
+        assert all(engine.offload(r, "host" if i % 2 else "ssd") for i, r in enumerate(records))
+    engine.wait_offloads({r.key: r for r in records})
+    with engine.compute_mark:
+        for r in records:
+            engine.prefetch(r)
+    for r in records:
+        engine.ensure_resident(r, "test")
+    again = [seed]
+    for _ in range(6):
+        again.append(again[-1] @ seed / 45)
+    assert all(torch.equal(a, b) for a, b in zip(made, again))
 
 
 def test_a_trace_profiled_under_a_cap_on_cuda_records_the_same_job(tmp_path):

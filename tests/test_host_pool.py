@@ -49,7 +49,7 @@ def test_a_full_pool_waits_for_slots_that_copy_ins_still_read_instead_of_spillin
 
     threads = ThreadPoolExecutor(max_workers=1)
     pool = HostPool(4 * POOL_ALIGN_BYTES, pin=False)
-    host, ssd = HostTier(pool, False, threads), SsdTier([tmp_path], PosixFiles(), False, threads)
+    host, ssd = HostTier(pool, False, threads), SsdTier([tmp_path], PosixFiles(), threads)
     engine = MigrationEngine(host, ssd, False)
     copy_in = Future()
     slot = pool.alloc(pool.capacity)
@@ -77,7 +77,7 @@ def test_bringing_everything_back_skips_a_tensor_the_program_dropped_while_it_wa
 
     threads = ThreadPoolExecutor(max_workers=1)
     pool = HostPool(1 << 20, pin=False)
-    engine = MigrationEngine(HostTier(pool, False, threads), SsdTier([tmp_path], PosixFiles(), False, threads), False)
+    engine = MigrationEngine(HostTier(pool, False, threads), SsdTier([tmp_path], PosixFiles(), threads), False)
     kept, dropped = torch.arange(1000.0), torch.ones(1000)
     records = {}
     for tensor in (kept, dropped):
