@@ -90,3 +90,35 @@ def test_bringing_everything_back_skips_a_tensor_the_program_dropped_while_it_wa
     assert torch.equal(kept, torch.arange(1000.0)) and not engine.moved
     # the dropped tensor's slot is free; the restored one's stays as its clean copy (Note [Clean copies])
     assert list(engine.kept) == [kept.untyped_storage()._cdata] and pool.used == aligned(kept.nbytes)
+
+
+def test_a_failed_write_cancelled_before_any_poll_is_said_and_counted(tmp_path, capfd):
+    """An op touches a tensor whose copy to the disk failed (its folder removed) before the
+    keeper polled that copy: the tensor stays on the device with its values, the folder is said
+    closed once with the reason, and the error is counted as a finished failure would be."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from teraio.formats.trace import Kind
+    from teraio.walk import StorageRecord
+    from teraio_run.engine import MigrationEngine
+    from teraio_run.tiers import HostTier, PosixFiles, SsdTier
+
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    threads = ThreadPoolExecutor(max_workers=1)
+    engine = MigrationEngine(HostTier(HostPool(1 << 20, pin=False), False, threads),
+                             SsdTier([swap], PosixFiles(), threads), False)
+    tensor = torch.arange(1000.0)
+    storage = tensor.untyped_storage()
+    record = StorageRecord(storage._cdata, "t", Kind.activation, tensor, storage, 0)
+    shutil.rmtree(swap)
+    assert engine.offload(record, "ssd")  # the write fails in its thread
+    engine.ensure_resident(record, "unplanned")  # no poll between: the cancel finds the failure
+    assert torch.equal(tensor, torch.arange(1000.0)) and not engine.moved
+    assert engine.stats.io_errors == 1 and engine.stats.cancelled_offloads == 1
+    assert list(engine.stats.closed_dirs) == [str(swap)]
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "takes no more swap files" in line]
+    assert len(warnings) == 1 and str(swap) in warnings[0]
