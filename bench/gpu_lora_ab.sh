@@ -58,21 +58,23 @@ done
 if [[ -n ${CALIBRATE:-} ]]; then   # the new planner, calibrated from run 1, and the new runtime under its plan
   step "plan again from run 1's report (new) and run it"
   python3 -m teraio plan $TMP/lora.msgpack --gpu-mem $((PEAK / 2)) --ssds 0 --host-mem ${HOST_MEM:-64GiB} --host-gbps 37 \
-      --pcie-gbps 55 --headroom ${HEADROOM:-1GiB} --calibrate "$OUT/run_1_new.json" -o "$OUT/plan_lora_cal.json" > /dev/null || exit 1
+      --pcie-gbps 55 --headroom ${HEADROOM:-1GiB} --calibrate $OUT/run_1_*.json -o "$OUT/plan_lora_cal.json" > /dev/null || exit 1
   timeout 240 python3 -m teraio run --plan "$OUT/plan_lora_cal.json" --report "$OUT/run_cal_new.json" \
       -- $JOB --losses-out $TMP/run_cal.json > $TMP/run_cal.log 2>&1 || { tail -5 $TMP/run_cal.log; exit 1; }
   cmp -s $TMP/plain.json $TMP/run_cal.json && echo "losses identical" || echo "LOSSES DIFFER"
   summary "$OUT/run_cal_new.json" "calibrated plan, new"
   python3 - "$OUT/plan_lora.json" "$OUT/plan_lora_cal.json" "$OUT/run_cal_new.json" <<'EOF'
 import json, sys
-plan, cal, run = (json.load(open(p)) for p in sys.argv[1:])
+from teraio.formats.plan import load_plan
+from teraio_plan.make import copies_per_iteration
+plan, cal = (load_plan(p) for p in sys.argv[1:3])
+run = json.load(open(sys.argv[3]))
 for name, p in (("plan", plan), ("calibrated plan", cal)):
-    replays = sum(e["tier"] == "recompute" for e in p["entries"])
-    copies = sum(0 if e["tier"] == "recompute" else 1 if e.get("clean") else 2 for e in p["entries"])
-    print(f"{name}: {replays} replays, {copies} copies per iteration, predicted "
-          f"{p['header']['prediction']['iteration_ms']:.1f} ms")
+    replays = sum(e.tier == "recompute" for e in p.entries)
+    print(f"{name}: {replays} replays, {copies_per_iteration(p.entries)} copies per iteration, predicted "
+          f"{p.header.prediction.iteration_ms:.1f} ms")
 print(f"calibrated: measured {run['measured_iteration_ms']:.1f} ms "
-      f"({cal['header']['prediction']['iteration_ms'] / run['measured_iteration_ms'] - 1:+.1%} predicted)")
+      f"({cal.header.prediction.iteration_ms / run['measured_iteration_ms'] - 1:+.1%} predicted)")
 EOF
 fi
 if [[ -s $OUT/lora_planned.stacks ]]; then

@@ -133,11 +133,11 @@ def choose_plan(outcomes: list[PlanOutcome]) -> PlanOutcome:
     The plan kept fits, else is the least over budget; among those, the fastest predicted,
     except that plans within TIE_SHARE of the fastest are a tie, and a tie goes to the plan
     with fewer copies per iteration (then the faster, then fewer replays, then the first).
-    The model's error is larger than such differences: calibrated predictions held within
-    -9.5% to +8.2% of measured (docs/planner.md), and one plan's iterations spread by 15% in
-    one run on the H200. What it misses is on the copies' side: a copy is charged the time
-    its start took, not the event, stream wait and pool slice it costs again when it
-    finishes. The LoRA case's two plans simulated 1,477.0 ms (256 replays, 2,559 copies) and
+    The model's error is larger than such differences: calibrated predictions missed the
+    measured iteration by 3-15% on most configurations of docs/planner.md (up to 47%), and two
+    runs of one plan differed by 15% on the H200 (docs/runtime.md, the LoRA case sampled). What
+    it misses is likely on the copies' side: a copy is charged the time its start took, not the
+    event wait and bookkeeping it costs again when it finishes. The LoRA case's two plans simulated 1,477.0 ms (256 replays, 2,559 copies) and
     1,473.2 ms (moves only, 2,884 copies); measured, the one with fewer copies was 5% faster."""
     least_over = min(_over_budget_rank(o) for o in outcomes)
     candidates = [o for o in outcomes if _over_budget_rank(o) == least_over]
