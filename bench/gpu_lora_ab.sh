@@ -3,7 +3,9 @@
 # the tree's and an older commit's packages extracted into oldab/ (untracked, it travels):
 #   rm -rf oldab && mkdir oldab && git archive <old sha> teraio teraio_run teraio_profile teraio_plan | tar -x -C oldab
 #   device: TERAIO_COMMIT=<sha> OLD_COMMIT=<old sha> bash bench/gpu_lora_ab.sh   (carry [".whl"], py-spy in it)
-# RUNS="new old new old" picks the runs (default: new old new spy); CALIBRATE=1 then plans
+# RUNS="new old new old" picks the runs (default: new old new spy); a run named oldplan is the
+# tree's runtime under the plan the old commit's planner makes of the same trace and budget
+# (RUNS="new oldplan new oldplan": two planners side by side); CALIBRATE=1 then plans
 # again from run 1's report with the tree's planner and runs that plan with the tree's runtime.
 # Plain and uncapped once, profiled and planned (host tier, 1/2 of the traced peak) by the tree,
 # then run under that plan by new, old, new runtimes (losses compared with the plain run's each
@@ -32,6 +34,20 @@ timeout 200 python3 -m teraio profile -o $TMP/lora.msgpack -- $JOB > /dev/null 2
 PEAK=$(python3 -m teraio inspect $TMP/lora.msgpack --json | python3 -c "import json,sys;print(json.load(sys.stdin)['peak_bytes'])")
 python3 -m teraio plan $TMP/lora.msgpack --gpu-mem $((PEAK / 2)) --ssds 0 --host-mem ${HOST_MEM:-64GiB} --host-gbps 37 \
     --pcie-gbps 55 --headroom ${HEADROOM:-1GiB} -o "$OUT/plan_lora.json" > /dev/null || exit 1
+if [[ " ${RUNS:-} " == *" oldplan "* ]]; then
+  (cd $OLD && PYTHONPATH=/tmp/site:$OLD python3 -m teraio plan $TMP/lora.msgpack --gpu-mem $((PEAK / 2)) --ssds 0 \
+      --host-mem ${HOST_MEM:-64GiB} --host-gbps 37 --pcie-gbps 55 --headroom ${HEADROOM:-1GiB} \
+      -o "$OUT/plan_lora_oldplanner.json" > /dev/null) || exit 1
+  python3 - "$OUT/plan_lora.json" "$OUT/plan_lora_oldplanner.json" <<'EOF'
+import sys
+from teraio.formats.plan import load_plan
+from teraio_plan.make import copies_per_iteration
+for name, path in zip(("new planner", "old planner"), sys.argv[1:]):
+    p = load_plan(path)
+    print(f"{name}: {len(p.entries)} entries, {copies_per_iteration(p.entries)} copies per iteration, "
+          f"predicted {p.header.prediction.iteration_ms:.1f} ms, fits {p.header.prediction.fits}")
+EOF
+fi
 
 summary() {  # one line per run: planned iterations' ms and walk + agent us per kernel, medians
   python3 - "$1" "$2" <<'EOF'
@@ -48,9 +64,10 @@ EOF
 n=0
 for V in ${RUNS:-new old new spy}; do
   n=$((n + 1)); D=$([[ $V == old ]] && echo $OLD || echo $NEW)
+  PLAN="$OUT/plan_lora.json"; [[ $V == oldplan ]] && PLAN="$OUT/plan_lora_oldplanner.json"
   step "run $n: $V"
   SPY=(); [[ $V == spy ]] && SPY=(py-spy record --rate 200 --idle --subprocesses --format raw -o "$OUT/lora_planned.stacks" --)
-  (cd $D && PYTHONPATH=/tmp/site:$D timeout 240 "${SPY[@]}" python3 -m teraio run --plan "$OUT/plan_lora.json" \
+  (cd $D && PYTHONPATH=/tmp/site:$D timeout 240 "${SPY[@]}" python3 -m teraio run --plan "$PLAN" \
       --report "$OUT/run_${n}_$V.json" -- $JOB --losses-out $TMP/run_$n.json > $TMP/run_$n.log 2>&1) || { tail -5 $TMP/run_$n.log; continue; }
   cmp -s $TMP/plain.json $TMP/run_$n.json && echo "losses identical" || echo "LOSSES DIFFER"
   summary "$OUT/run_${n}_$V.json" "$V"

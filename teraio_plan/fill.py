@@ -11,10 +11,28 @@ lowers the memory curve over each window until the budget holds everywhere. The 
 queue behind each other; the simulator replays the plan and predicts the stall time, and on
 CUDA the caching allocator waits for the copies that free the memory it needs.
 
-Which periods first: the most over-budget time relieved per byte moved, computed from prefix
-sums (an upper bound, O(1) per period), checked against the current curve at pick time.
+Which periods first: the most over-budget time relieved per microsecond of copying (Note [Fill
+order]), computed from prefix sums (an upper bound, O(1) per period), checked against the
+current curve at pick time.
 Which tier: the faster path that still has room (on machines like the H200 the host link
 is 30x the disk; on real NVMe arrays the SSDs may be faster).
+
+Note [Fill order]
+A period relieves the budget by its bytes times the over-budget time in its window. Its price
+is its two copies: each pays `latency_us` and the thread's `host_us_per_copy` (calibrated; 0
+unless measured) once, plus its bytes at the path's rate. Ranked by relief per byte alone, the
+longest windows came first whatever their size: on the LoRA case recorded on the H200
+(bench/results/2026-12-05-lora-calibrated-h200-ed22602, at 1/2 of its peak) the pass took 726
+tensors of under 1 MiB, 23 MB in all, 1,452 of the plan's 2,554 copies, each ~100 us of the
+job's thread there for the 32 KiB of a LoRA adapter's gradient or optimizer state. Ranked by
+relief per microsecond of copying, large tensors come first and a small one is taken only
+while the large ones have not made the budget: that plan now starts 1,316 copies, none under
+1 MiB. The price: where large tensors with shorter windows stand in for medium ones with longer
+windows, more bytes move. Of the committed traces' plans (docs/planner.md, The fill pass) all
+start 7-60% fewer copies; with default rates (no host time per copy) the predictions move by
+-8% to +0.5%, except the mixed 1B golden plan, 1,106 -> 640 copies, 790 -> 829 ms (+4.8%: 2.1
+GB more to the host pool, 38 ms more stalls), where ~470 fewer copies at the H200's measured
+~100 us each give back about as much.
 
 Note [Late prefetches]
 When no idle period is left to take and the curve is still over budget, the excess is often
@@ -115,16 +133,27 @@ class _Fill:
                 if late[j] else e for j, e in enumerate(entries)]
 
     def _candidates(self, periods) -> np.ndarray:
-        """Periods not planned yet, by over-budget time in their window per byte (descending)."""
-        over = np.tile(self.memory_bytes > self.inputs.budget_bytes, 2)
+        """Periods not planned yet that have over-budget time in their window, by relief per
+        microsecond of copying (descending; Note [Fill order])."""
+        budget_bytes = self.inputs.budget_bytes
+        over = np.tile(self.memory_bytes > budget_bytes, 2)
         over_prefix_us = np.concatenate(([0.0], np.cumsum(self.duration_us_twice * over)))
         ids = self.trace.tensor_id
         fresh = np.array([(ids[t], int(a)) not in self.taken for t, a in zip(periods.tensor, periods.start)],
                          dtype=bool)
         over_us = over_prefix_us[periods.end] - over_prefix_us[periods.start + 1]
-        over_us = np.where(fresh & (over_us > 0), over_us, -1.0)
-        order = np.lexsort((periods.start, periods.tensor, -over_us))
-        return order[over_us[order] > 0]
+        nbytes = periods.nbytes.astype(np.float64)
+        relief = over_us * nbytes
+        score = np.where(fresh & (over_us > 0), relief / self._copies_us(nbytes), -1.0)
+        order = np.lexsort((periods.start, periods.tensor, -score))
+        return order[score[order] > 0]
+
+    def _copies_us(self, nbytes: np.ndarray) -> np.ndarray:
+        """What a period's two copies cost on the faster path (Note [Fill order])."""
+        inputs = self.inputs
+        out_bytes_per_us, in_bytes_per_us = path_bytes_per_us(inputs, "host" if self._host_first() else "ssd")
+        fixed_us = 2 * (inputs.latency_us + inputs.host_us_per_copy)
+        return fixed_us + nbytes / out_bytes_per_us + nbytes / in_bytes_per_us
 
     def _try(self, periods, i: int) -> PlanEntry | None:
         nbytes, start, end = int(periods.nbytes[i]), int(periods.start[i]), int(periods.end[i])
@@ -151,13 +180,15 @@ class _Fill:
 
     def _tier(self, nbytes: int, start: int, end: int) -> str | None:
         """The faster path that has room; the host pool is bounded by --host-mem."""
+        if self._host_first() and self._host_room(start, end, nbytes):
+            return "host"
+        return "ssd" if self.inputs.num_ssds > 0 else None
+
+    def _host_first(self) -> bool:
+        """Whether the host pool is the path to try first: there is one, and no faster disks."""
         inputs = self.inputs
         ssd_gbps = inputs.num_ssds * min(inputs.ssd_read_gbps, inputs.ssd_write_gbps)
-        host_ok = inputs.host_mem_bytes > 0 and self._host_room(start, end, nbytes)
-        ssd_ok = inputs.num_ssds > 0
-        if host_ok and (not ssd_ok or inputs.host_gbps >= ssd_gbps):
-            return "host"
-        return "ssd" if ssd_ok else None
+        return inputs.host_mem_bytes > 0 and (inputs.num_ssds == 0 or inputs.host_gbps >= ssd_gbps)
 
     def _first_kernel_after(self, start: int, copy_us: float) -> int:
         """The kernel (unrolled) during which a copy started after `start` completes."""
