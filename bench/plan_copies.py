@@ -15,7 +15,6 @@ default-rate prediction does not show. docs/planner.md, The fill pass's order, k
 
 import argparse
 import subprocess
-import sys
 from pathlib import Path
 
 from teraio.formats.trace import live_bytes_per_kernel, load_trace

@@ -22,17 +22,14 @@ A period relieves the budget by its bytes times the over-budget time in its wind
 is its two copies: each pays `latency_us` and the thread's `host_us_per_copy` (calibrated; 0
 unless measured) once, plus its bytes at the path's rate. Ranked by relief per byte alone, the
 longest windows came first whatever their size: on the LoRA case recorded on the H200
-(bench/results/2026-12-05-lora-calibrated-h200-ed22602, at 1/2 of its peak) the pass took 726
-tensors of under 1 MiB, 23 MB in all, 1,452 of the plan's 2,554 copies, each ~100 us of the
-job's thread there for the 32 KiB of a LoRA adapter's gradient or optimizer state. Ranked by
+(bench/results/2026-12-05-lora-calibrated-h200-ed22602, at 1/2 of its peak) the plan started
+2,578 copies, about half of them for tensors of under 1 MiB such as a LoRA adapter's 32 KiB
+gradient or optimizer state, each ~100 us of the job's thread there; now 1,317. Ranked by
 relief per microsecond of copying, large tensors come first and a small one is taken only
-while the large ones have not made the budget: that plan now starts 1,316 copies, none under
-1 MiB. The price: where large tensors with shorter windows stand in for medium ones with longer
-windows, more bytes move. Of the committed traces' plans (docs/planner.md, The fill pass) all
-start 7-60% fewer copies; with default rates (no host time per copy) the predictions move by
--8% to +0.5%, except the mixed 1B golden plan, 1,106 -> 640 copies, 790 -> 829 ms (+4.8%: 2.1
-GB more to the host pool, 38 ms more stalls), where ~470 fewer copies at the H200's measured
-~100 us each give back about as much.
+while the large ones have not made the budget. The price: where large tensors with shorter
+windows stand in for medium ones with longer windows, more bytes move (the mixed 1B golden plan:
+fewer copies, a default-rate prediction 4.8% slower). Figures for the committed traces, before
+and after, and the command that makes them: docs/planner.md, The fill pass's order.
 
 Note [Late prefetches]
 When no idle period is left to take and the curve is still over budget, the excess is often
@@ -143,8 +140,7 @@ class _Fill:
                          dtype=bool)
         over_us = over_prefix_us[periods.end] - over_prefix_us[periods.start + 1]
         nbytes = periods.nbytes.astype(np.float64)
-        relief = over_us * nbytes
-        score = np.where(fresh & (over_us > 0), relief / self._copies_us(nbytes), -1.0)
+        score = np.where(fresh & (over_us > 0), over_us * nbytes / self._copies_us(nbytes), -1.0)
         order = np.lexsort((periods.start, periods.tensor, -score))
         return order[score[order] > 0]
 
