@@ -42,8 +42,8 @@ wrappers act only while the walk's mode is on the dispatch stack: the runtime's 
 (a replay's, torch.load's storages swapped) run with it off and must not be held again.
 nbytes(), size() and data_ptr() themselves are left alone: the runtime and PyTorch call them
 everywhere, and 0 is how a moved storage is told.
-The CPU storages torch.load makes are marked as it makes them (LOADED_MARK): their memory is
-torch.load's, not the allocator's, and the runtime moves only marked ones into storages of the
+The CPU storages torch.load makes are marked as it makes them (LOADED_MARK), also those a
+map_location function hands back as they are: their memory is torch.load's, not the allocator's, and the runtime moves only marked ones into storages of the
 allocator's before it frees them (Note [Storages torch.load made] in teraio_run/budget.py).
 The wrappers are installed as their modules are imported (the bootstrap's import hook) and
 cost one list lookup when no runtime agent is active (plain runs, `teraio profile`).
@@ -378,7 +378,28 @@ def _mark_loads(serialization) -> None:
     global _marking_loads
     if not _marking_loads:  # torch keeps every package registered: once per process
         serialization.register_package(LOAD_PRIORITY, _no_tag, _mark_loaded)
+        _wrap(serialization, "_get_restore_location", _marking_returned)
         _marking_loads = True
+
+
+def _marking_returned(get_restore_location):
+    """A map_location function is asked before the deserializers, and one that hands back the
+    storage it was given (`lambda storage, loc: storage`, as Lightning's checkpoint loading
+    does) leaves them unasked: mark what it hands back unchanged, as _mark_loaded would."""
+    @functools.wraps(get_restore_location)
+    def wrapper(map_location):
+        restore = get_restore_location(map_location)
+        if not callable(map_location):
+            return restore
+
+        def restore_marking(storage, location):
+            restored = restore(storage, location)
+            if restored is storage:
+                _mark_loaded(storage, location)
+            return restored
+        return restore_marking
+    setattr(wrapper, WRAPPED_MARK, True)
+    return wrapper
 
 
 def wrap_module(module) -> None:

@@ -255,8 +255,11 @@ class BudgetKeeper:
         something that still reads and writes that memory (torch.from_numpy's array,
         torch.frombuffer's buffer, a DLPack producer), which would stop seeing the tensor's
         writes: they stay refused (`not_resizable`), as do shared-memory storages (`shared`,
-        checked before) and storages loaded through a map_location function that returns them
-        itself (torch.load asks no other deserializer then). With mmap=True the mapping is
+        checked before). A map_location function that hands torch.load's storage back as it is
+        (`lambda storage, loc: storage`, how Lightning loads every checkpoint) leaves the
+        deserializers unasked: what it hands back unchanged is marked too, through
+        torch.serialization._get_restore_location (a private function: where a torch lacks it,
+        such storages stay refused, `not_resizable`, as before). With mmap=True the mapping is
         private by default (MAP_PRIVATE): no one else sees those bytes either; the copy reads
         the file's pages once, and a tensor that never leaves keeps its mapping and costs
         nothing. A MAP_SHARED mapping (set_default_mmap_options) writes through to the file and

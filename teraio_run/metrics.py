@@ -17,8 +17,8 @@ REFUSALS = {
     "kind": "the runtime never moves storages of its kind",
     "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
     "not_resizable": "its memory belongs to whoever made it, not to the allocator (torch.from_numpy's array and "
-                     "torch.frombuffer's buffer, which may still use it; torch.load's when a map_location function "
-                     "restored it: Note [Storages torch.load made]): it cannot be freed",
+                     "torch.frombuffer's buffer, which may still use it; torch.load's where this torch's loading "
+                     "cannot be watched: Note [Storages torch.load made]): it cannot be freed",
     "shared": "it is in shared memory (Module.share_memory(), a tensor sent to another process), which other "
               "processes may map: it cannot be freed",
 }

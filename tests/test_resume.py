@@ -76,12 +76,14 @@ def test_resumed_process_names_loaded_optimizer_state_and_trains_identically(tmp
     assert report.refused_actions_by_reason.get("not_resizable", 0) == 0
 
 
-@pytest.mark.parametrize("load", [(), ("--mmap",)], ids=["read", "mmap"])
+@pytest.mark.parametrize("load", [(), ("--mmap",), ("--map-location-fn",)], ids=["read", "mmap", "map-location-fn"])
 def test_resumed_process_moves_its_loaded_optimizer_state_within_budget(tmp_path, load):
     """On the CPU, optimizer.load_state_dict keeps the very tensors torch.load made, whose
     storages are not resizable (the bytes it read, or with mmap=True a mapping of the file):
     they are given storages of the allocator's as they first leave, so the plan moves them,
-    the run stays within its budget from the load on, and it trains like the plain resume."""
+    the run stays within its budget from the load on, and it trains like the plain resume.
+    Also where a map_location function hands torch.load's storages back as they are, as
+    Lightning's checkpoint loading does."""
     plain, _, report = _resumed_profile_and_run(tmp_path, *load)
     assert _losses(tmp_path / "b.json") == _losses(plain / "b.json") == _losses(plain / "a.json")[2:]
     assert report.offloaded_bytes_by_kind.get("optimizer_state", 0) > 0

@@ -38,12 +38,15 @@ def main() -> None:
     parser.add_argument("--resume", default=None)
     parser.add_argument("--losses-out", default="losses.json")
     parser.add_argument("--mmap", action="store_true", help="torch.load the checkpoint with mmap=True")
+    parser.add_argument("--map-location-fn", action="store_true",
+                        help="torch.load with map_location=lambda storage, loc: storage (as Lightning loads)")
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     model, optimizer, scheduler = build()
     start = 0
     if args.resume:
-        state = torch.load(args.resume, mmap=args.mmap)
+        where = (lambda storage, loc: storage) if args.map_location_fn else None
+        state = torch.load(args.resume, mmap=args.mmap, map_location=where)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
