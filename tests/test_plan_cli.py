@@ -75,6 +75,21 @@ def test_not_fitting_says_where_and_by_how_much(tmp_path):
     assert "does not fit" in res.output and "512 MiB" in res.output and "kernel 40" in res.output
 
 
+def test_require_fit_exits_5_and_writes_no_plan_where_it_does_not_fit(tmp_path):
+    """For scripts: by default a plan that misses the budget is written (the runtime keeps the
+    cap by evicting on demand) and the status is 0; --require-fit makes the miss an error."""
+    trace = make_trace([10.0] * 100, [T("w", GiB, [0, 99]),
+                                      T("x", GiB, list(range(40, 60)), Kind.activation, born=40, freed=60)])
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    args = ["plan", str(path), "--gpu-mem", "1.5GiB", "-o", str(tmp_path / "p.json")]
+    res = CliRunner().invoke(cli, [*args, "--stall-free", "--require-fit"], terminal_width=200)
+    assert res.exit_code == 5 and not (tmp_path / "p.json").exists()
+    [line] = res.output.strip().splitlines()
+    assert "over budget at" in line and "kernel 40" in line and "no plan written (--require-fit)" in line
+    assert CliRunner().invoke(cli, [*args, "--require-fit"]).exit_code == 0  # with stalls it fits
+    assert (tmp_path / "p.json").exists()
+
+
 def test_sweep_prints_the_roofline_and_writes_nothing(tmp_path):
     trace = layered_trace(seed=3)
     path = write_trace(tmp_path / "t.msgpack", trace)

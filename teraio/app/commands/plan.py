@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from teraio.app.commands.options import SIZE, json_flag
-from teraio.errors import UsageError
+from teraio.errors import PlanError, UsageError
 from teraio.formats.common import refuse_overwriting_input
 from teraio.formats.plan import save_plan
 from teraio.formats.trace import Trace, load_trace
@@ -53,16 +53,19 @@ def default_output(trace_path: Path) -> Path:
 @click.option("--no-clean-copies", is_flag=True, help="Plan every offload as a copy, for runs with teraio run --no-clean-copies (by default the host pool's kept copies make unwritten re-offloads free).")
 @click.option("--no-recompute", is_flag=True, help="Move idle activations only (by default one whose op can be replayed may be dropped and made again before its next use, where the prediction says that is faster).")
 @click.option("--stall-free", is_flag=True, help="Only transfers that delay no kernel (the paper's planner); the budget may then be missed.")
+@click.option("--require-fit", is_flag=True, help="Exit with status 5 and write no plan where it would not fit the budget at every kernel (by default it is written, and teraio run keeps the cap by evicting on demand where it does not).")
 @click.option("--sweep", "do_sweep", is_flag=True, help="Print throughput against migration bandwidth (0-64 GB/s); write no plan.")
 @json_flag
 def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, host_mem, host_gbps,
-            pcie_gbps, link_total_gbps, headroom, calibrate_from, no_clean_copies, no_recompute, stall_free, do_sweep, as_json):
+            pcie_gbps, link_total_gbps, headroom, calibrate_from, no_clean_copies, no_recompute, stall_free, require_fit,
+            do_sweep, as_json):
     """Plan which idle tensors leave the device, when, to SSD or host, and when they come back.
 
     \b
     teraio plan trace.msgpack --gpu-mem 40GiB --ssds 2 --host-mem 64GiB
     teraio plan trace.rank0.msgpack trace.rank1.msgpack --ssds 4     (one plan per rank)
     teraio plan trace.msgpack --ssds 4 --sweep
+    teraio plan trace.msgpack --gpu-mem 40GiB --host-mem 64GiB --require-fit   (status 5 unless it fits)
     teraio plan trace.msgpack --gpu-mem 40GiB --host-mem 64GiB --calibrate run.json   (rates a run measured)
     teraio plan trace.msgpack --gpu-mem 40GiB --ssds 0 --host-mem 64GiB --host-gbps 54 --link-total-gbps 54
                                                   (a link that carries 54 GB/s for both directions together)
@@ -89,7 +92,7 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
         if do_sweep:
             reports.append(_sweep_one(path, trace, inputs, as_json))
         else:
-            reports.append(_plan_one(path, trace, inputs, output or default_output(path), as_json))
+            reports.append(_plan_one(path, trace, inputs, output or default_output(path), as_json, require_fit))
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, sort_keys=True))
 
@@ -120,10 +123,12 @@ def _with_progress(label: str, work):
         return work(lambda fraction: bar.update(task, completed=fraction))
 
 
-def _plan_one(path: Path, trace: Trace, inputs, out_path: Path, as_json: bool) -> dict:
+def _plan_one(path: Path, trace: Trace, inputs, out_path: Path, as_json: bool, require_fit: bool) -> dict:
     outcome = _with_progress(f"planning {path.name}", lambda cb: make_plan_outcome(trace, inputs, cb))
-    save_plan(outcome.plan, out_path)
     summary = plan_summary(outcome, trace, out_path)
+    if require_fit and not summary["fits"]:
+        raise PlanError(f"{path.name}: {_misfit(summary)}; no plan written (--require-fit)")
+    save_plan(outcome.plan, out_path)
     if not as_json:
         _print_summary(summary)
     return summary
@@ -178,10 +183,12 @@ def _print_summary(s: dict) -> None:
         table.add_row(key, value)
     console.print(table)
     if not s["fits"]:
-        console.print(
-            f"[bold yellow]does not fit:[/] over budget at {s['over_budget_kernels']} kernels, worst at kernel "
-            f"{s['worst_kernel']} ({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; {_fit_advice(s)}",
-            soft_wrap=True)
+        console.print(f"[bold yellow]does not fit:[/] {_misfit(s)}", soft_wrap=True)
+
+
+def _misfit(s: dict) -> str:
+    return (f"over budget at {s['over_budget_kernels']} kernels, worst at kernel {s['worst_kernel']} "
+            f"({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; {_fit_advice(s)}")
 
 
 # Say it where the prediction is read: uncalibrated plans of short kernels predicted 31-43% fast
