@@ -43,8 +43,9 @@ wrappers act only while the walk's mode is on the dispatch stack: the runtime's 
 nbytes(), size() and data_ptr() themselves are left alone: the runtime and PyTorch call them
 everywhere, and 0 is how a moved storage is told.
 The CPU storages torch.load makes are marked as it makes them (LOADED_MARK), also those a
-map_location function hands back as they are: their memory is torch.load's, not the allocator's, and the runtime moves only marked ones into storages of the
-allocator's before it frees them (Note [Storages torch.load made] in teraio_run/budget.py).
+map_location function hands back as they are: their memory is torch.load's, not the
+allocator's, and the runtime moves only marked ones into storages of the allocator's before it
+frees them (Note [Storages torch.load made] in teraio_run/budget.py).
 The wrappers are installed as their modules are imported (the bootstrap's import hook) and
 cost one list lookup when no runtime agent is active (plain runs, `teraio profile`).
 """
