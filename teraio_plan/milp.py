@@ -10,8 +10,8 @@ Note [MILP relaxation]
     bytes) may beat it, so bounds are for plans made with --no-recompute --no-clean-copies.
     The replay's second iteration stands for the steady state, as everywhere in the
     planner: a window that reaches back into the first iteration counts its stalls as S
-    (tests/test_milp.py checks the bound against the greedy's plans on random jobs). Variables: x[i, t] = 1 when idle period i is planned on tier t; S >= 0, the
-    stall (us). Minimize S; the iteration is ideal + S.
+    (tests/test_milp.py checks the bound against the greedy's plans on random jobs).
+    Variables: x[i, t] = 1 when idle period i is planned on tier t; S >= 0, the stall (us). Minimize S; the iteration is ideal + S.
       - one tier per period: sum_t x[i, t] <= 1;
       - memory, each kernel k over budget: sum of s_i x[i, t] over periods that could have
         their tensor away at k >= M[k] - budget. "Could": kernels a+1 .. e-2 of a period
@@ -213,7 +213,7 @@ class _Model:
         at = np.where(first, k, k + self.n)
         cover = first | ((a + 1 <= at) & (at <= e - 2))
         out = (prefix_us[at] - prefix_us[a + 1], at - a)
-        into = (prefix_us[e] - prefix_us[np.minimum(at + 1, len(prefix_us) - 1)], e - at)
+        into = (prefix_us[e] - prefix_us[at + 1], e - at)
         return cover, out, into
 
     def _variants(self) -> list[str]:

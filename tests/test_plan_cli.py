@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli_helpers import one_line_error, teraio
-from plan_helpers import GiB, T, layered_trace, make_trace
+from plan_helpers import GiB, MiB, T, layered_trace, make_trace
 from teraio.app.cli import cli
 from teraio.app.commands.plan import default_output
 from teraio.formats.plan import load_plan
@@ -88,6 +88,10 @@ def test_require_fit_exits_5_and_writes_no_plan_where_it_does_not_fit(tmp_path):
     assert "over budget at" in line and "kernel 40" in line and "no plan written (--require-fit)" in line
     assert CliRunner().invoke(cli, [*args, "--require-fit"]).exit_code == 0  # with stalls it fits
     assert (tmp_path / "p.json").exists()
+    # one rank's plan that misses leaves no rank with a plan, the fitting one included
+    fits = write_trace(tmp_path / "fits.msgpack", make_trace([10.0] * 10, [T("w", MiB, [0, 9])]))
+    res = CliRunner().invoke(cli, ["plan", str(fits), str(path), "--gpu-mem", "1.5GiB", "--stall-free", "--require-fit"])
+    assert res.exit_code == 5 and not list(tmp_path.glob("*.plan.json"))
 
 
 def test_sweep_prints_the_roofline_and_writes_nothing(tmp_path):

@@ -87,12 +87,10 @@ def command(traces, output, gpu_mem, num_ssds, ssd_read_gbps, ssd_write_gbps, ho
             _check_output(output or default_output(path), [*traces, *filter(None, [calibrate_from])])
     jobs = [(path, trace, _inputs(path, trace, options, calibrate_from)) for path, trace in
             ((path, load_trace(path)) for path in traces)]
-    reports = []
-    for path, trace, inputs in jobs:
-        if do_sweep:
-            reports.append(_sweep_one(path, trace, inputs, as_json))
-        else:
-            reports.append(_plan_one(path, trace, inputs, output or default_output(path), as_json, require_fit))
+    if do_sweep:
+        reports = [_sweep_one(path, trace, inputs, as_json) for path, trace, inputs in jobs]
+    else:
+        reports = _plan_all(jobs, output, as_json, require_fit)
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, sort_keys=True))
 
@@ -123,15 +121,21 @@ def _with_progress(label: str, work):
         return work(lambda fraction: bar.update(task, completed=fraction))
 
 
-def _plan_one(path: Path, trace: Trace, inputs, out_path: Path, as_json: bool, require_fit: bool) -> dict:
-    outcome = _with_progress(f"planning {path.name}", lambda cb: make_plan_outcome(trace, inputs, cb))
-    summary = plan_summary(outcome, trace, out_path)
-    if require_fit and not summary["fits"]:
-        raise PlanError(f"{path.name}: {_misfit(summary)}; no plan written (--require-fit)")
-    save_plan(outcome.plan, out_path)
-    if not as_json:
-        _print_summary(summary)
-    return summary
+def _plan_all(jobs: list, output: Path | None, as_json: bool, require_fit: bool) -> list[dict]:
+    """Every trace's plan is made before any is written: with --require-fit, one rank's plan
+    that misses its budget leaves no rank with a plan."""
+    made = []
+    for path, trace, inputs in jobs:
+        outcome = _with_progress(f"planning {path.name}", lambda cb: make_plan_outcome(trace, inputs, cb))
+        out_path = output or default_output(path)
+        made.append((outcome, out_path, plan_summary(outcome, trace, out_path)))
+        if require_fit and not made[-1][2]["fits"]:
+            raise PlanError(f"{path.name}: {_misfit(made[-1][2])}; no plan written (--require-fit)")
+    for outcome, out_path, summary in made:
+        save_plan(outcome.plan, out_path)
+        if not as_json:
+            _print_summary(summary)
+    return [summary for *_, summary in made]
 
 
 def plan_summary(outcome: PlanOutcome, trace: Trace, out_path: Path) -> dict:
