@@ -17,7 +17,7 @@ from pathlib import Path
 
 from teraio.errors import CommandNotFound, UsageError
 from teraio.settings import Settings
-from teraio.swap_dirs import remove_dead_run_dirs, swap_bases
+from teraio.swap_dirs import swap_bases, sweep_after_job
 from teraio.units import SIZE_WITH_A_SPACE, is_size_unit
 
 # The app's sitecustomize, found by path: the launcher (used by the profile and run stages)
@@ -109,7 +109,7 @@ def run_command(command: list[str], settings: Settings, defaults: dict[str, str]
         returncode = proc.wait()
         forwarder.stop_stragglers()
     if settings.mode == "run" or settings.gpu_mem_bytes:  # the job may have made swap folders
-        remove_dead_run_dirs(swap_bases(settings.ssd_dirs))   # teraio/swap_dirs.py
+        sweep_after_job(swap_bases(settings.ssd_dirs))   # teraio/swap_dirs.py
     return JobExit(shell_status(returncode), forwarder.forwarded)
 
 

@@ -1,8 +1,10 @@
 """The swap folders on disk: each job's process makes `teraio-PID-rRANK` in every --ssd-dir (the
 runtime: teraio_run/tiers.py make_run_dirs) and removes it at exit; what a job killed past its
 exit handlers left (SIGKILL, the OOM killer) is removed by the launcher when the job ends, for
-`teraio run` and a profile under a cap alike, and by the next run on the folder. No torch here:
-the launchers must not import it.
+`teraio run` and a profile under a cap alike, and by the next run on the folder. The default
+folder (DEFAULT_SWAP_DIR, in the temp dir) is made by the run and removed by the launcher's sweep
+once no job's folder is left in it: a job that was given no --ssd-dir leaves nothing behind. A
+given --ssd-dir is the user's and stays. No torch here: the launchers must not import it.
 
 Note [Whose swap folder is alive]
 A folder's PID says little where the disk is shared between PID namespaces (containers on one
@@ -35,7 +37,7 @@ def make_run_dir(base: Path, rank: int) -> Path:
     own = base / f"teraio-{os.getpid()}-r{rank}"
     if own.resolve() in _held_locks:   # the same folder given twice (--ssd-dir /a --ssd-dir /a)
         return own
-    own.mkdir(exist_ok=True)
+    own.mkdir(parents=True, exist_ok=True)   # parents: another job's sweep may have removed the default base
     fd = os.open(own / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -53,6 +55,17 @@ def remove_dead_run_dirs(bases: list[str | Path]) -> None:
         for old in base.glob("teraio-*-r*") if base.is_dir() else ():
             if not _held(old):
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def sweep_after_job(bases: list[str]) -> None:
+    """At a job's end (the launcher): the swap folders no live process holds, and the default
+    base if that left it empty (another live job's folder keeps it)."""
+    remove_dead_run_dirs(bases)
+    if str(DEFAULT_SWAP_DIR) in bases:
+        try:
+            DEFAULT_SWAP_DIR.rmdir()
+        except OSError:
+            pass
 
 
 def _held(folder: Path) -> bool:

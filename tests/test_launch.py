@@ -161,6 +161,19 @@ def test_sigterm_also_stops_what_a_shell_wrapper_leaves_behind(job, tmp_path):
     assert_stopped_cleanly(tmp_path, job_pid)
 
 
+def test_a_run_given_no_ssd_dir_leaves_no_folder_in_the_temp_dir(job, tmp_path):
+    """The default swap folder (teraio-swap in the temp dir) is made by the run: an empty one
+    left behind after every job is litter the user never asked for."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = dict(os.environ, **CPU_ENV, TMPDIR=str(temp))
+    args = [sys.executable, "-m", "teraio", "run", "--plan", str(job / "plan.json"), "--report",
+            str(tmp_path / "run.json"), "--", PYTHON, str(job / "train.py"), "6", str(tmp_path / "ready")]
+    ok(subprocess.run(args, env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S))
+    assert load_report(tmp_path / "run.json").offloaded_bytes["ssd"] > 0   # it did swap there
+    assert not (temp / "teraio-swap").exists()   # (torch itself leaves its torchinductor_USER there)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_to_a_profile_under_a_cap_leaves_no_swap_folder(job, tmp_path, signum):
     """`teraio profile --gpu-mem` evicts to swap files as `teraio run` does; stopped by a
