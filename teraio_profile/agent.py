@@ -27,6 +27,7 @@ from teraio.formats.trace import (
     live_bytes_per_kernel, save_trace, signature_digest,
 )
 from teraio.walk import OpWalk, WalkListener, activate, deactivate, makes_uninitialized, op_signatures
+from teraio_profile.machine_load import MachineLoad
 from teraio_profile.recorder import TraceRecorder
 from teraio.settings import Settings, rank_path, status_path
 
@@ -53,6 +54,8 @@ class ProfileAgent(WalkListener):
         self.written = None
         self.error: str | None = None   # the one line the launcher says (its status file)
         self._watchdog: threading.Timer | bool = False   # Note [No step]; False until the first op
+        # Note [A busy machine under the profiler] in teraio_profile/machine_load.py
+        self.machine_load = MachineLoad() if self.device_type == "cpu" else None
 
     # The agent is the walk's listener and forwards to the recorder, so it can act at the end.
     def before_op(self, k, func, inputs):
@@ -113,6 +116,8 @@ class ProfileAgent(WalkListener):
 
     def on_iteration_end(self, iteration, num_kernels):
         self.recorder.on_iteration_end(iteration, num_kernels)
+        if self.machine_load is not None and self.recorder.recording and not self.machine_load.started:
+            self.machine_load.start()   # the recorded iterations start now
         if self.keeper is not None:
             self.keeper.on_iteration_end()
         if self.recorder.finished and self.written is None and self.error is None:
@@ -154,6 +159,8 @@ class ProfileAgent(WalkListener):
                   f"--warmup if the job settles later){self.steps_in_backward_hint()}", file=sys.stderr)
         if rec.choice:
             print(f"teraio: {rec.choice}", file=sys.stderr)
+        if self.machine_load is not None and (busy := self.machine_load.busy_warning()):
+            print(f"teraio: warning: {busy}", file=sys.stderr)
         if self.keeper is not None:
             print(f"teraio: {self.keeper.summary()}; {rec.waited_kernels} of the recorded iteration's "
                   f"{rec.kernels_in_window} kernels waited for data (their times exclude the wait)", file=sys.stderr)

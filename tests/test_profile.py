@@ -1,6 +1,8 @@
 """teraio profile and inspect, through the real CLI on the bundled example (CPU)."""
 
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -233,3 +235,22 @@ def test_a_rank_that_died_before_saying_anything_is_named_not_taken_for_done():
                 {"rank": 2, "world_size": 3, "trace": "t.rank2.msgpack"}]
     assert _ranks_without_trace(statuses) == [1]
     assert _ranks_without_trace([{"rank": 0, "trace": "t.msgpack"}]) == []
+
+
+def test_a_profile_beside_processes_that_hold_the_cores_says_its_kernel_times_are_inflated(tmp_path):
+    """Note [A busy machine under the profiler]: a profile on a loaded CPU box took the waits
+    for a core as kernel time, and nothing said so; its plans expected time the job never has.
+    The job computes on every core, and as many busy loops want them too."""
+    cores = os.cpu_count()
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(cores))
+    hogs = [subprocess.Popen([PYTHON, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        proc = ok(subprocess.run([PYTHON, "-m", "teraio", "profile", "-o", tmp_path / "trace.msgpack", "--", PYTHON,
+                                  EXAMPLE, *EXAMPLE_ARGS], env=env, capture_output=True, text=True, timeout=300))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    warning = [line for line in proc.stderr.splitlines() if "other processes kept" in line]
+    assert len(warning) == 1 and warning[0].startswith("teraio: warning:"), proc.stderr
+    assert load_trace(tmp_path / "trace.msgpack").num_kernels > 0   # the trace is still written
