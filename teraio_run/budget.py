@@ -251,7 +251,9 @@ class BudgetKeeper:
         parameter, never a buffer that threads use outside ops (what keeps `other` in place:
         Note [Collective buffers] in teraio/walk.py), so it may move whatever its kind.
         Only storages torch.load made are swapped (teraio/raw_access.py marks them as it restores
-        them, also before the agent starts). Other CPU storages that are not resizable belong to
+        them, also before the agent starts), and those over a private mapping of a file, which is
+        how safetensors loads (from_pretrained: Note [Private file mappings] in
+        teraio/raw_access.py). Other CPU storages that are not resizable belong to
         something that still reads and writes that memory (torch.from_numpy's array,
         torch.frombuffer's buffer, a DLPack producer), which would stop seeing the tensor's
         writes: they stay refused (`not_resizable`), as do shared-memory storages (`shared`,

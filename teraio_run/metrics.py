@@ -16,9 +16,9 @@ REFUSALS = {
     "collective": "a collective still uses it",
     "kind": "the runtime never moves storages of its kind",
     "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
-    "not_resizable": "its memory belongs to whoever made it, not to the allocator (torch.from_numpy's array and "
-                     "torch.frombuffer's buffer, which may still use it; torch.load's where this torch's loading "
-                     "cannot be watched: Note [Storages torch.load made]): it cannot be freed",
+    "not_resizable": "its memory belongs to whoever made it, not to PyTorch's allocator (torch.from_numpy's "
+                     "array, torch.frombuffer's buffer or a DLPack producer, which may still read or write it), so "
+                     "it cannot be freed; to let it move, give the job its own copy (tensor.clone())",
     "shared": "it is in shared memory (Module.share_memory(), a tensor sent to another process), which other "
               "processes may map: it cannot be freed",
 }

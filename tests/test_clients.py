@@ -81,6 +81,26 @@ def test_save_pretrained_safetensors_numpy_and_dlpack_after_training_see_true_va
     assert "paused in 1 iteration(s) (1 of them after the last step)" in " ".join(proc.stderr.split())
 
 
+def test_a_model_from_pretrained_moves_its_weights_and_its_file_stays_as_it_was(tmp_path):
+    """Note [Private file mappings] in teraio/raw_access.py: on the CPU from_pretrained leaves
+    the weights in safetensors' private mapping of the file, not resizable, and every plan
+    offload of them was refused (626 per run of a sentence-transformers fine-tune)."""
+    base = tmp_path / "base"
+    run_plain(tmp_path, "hf_llama.py", "--steps", 0, "--save-pretrained", base)
+    weights = (base / "model.safetensors").read_bytes()
+    args = ("--steps", 6, "--from-pretrained", base, "--losses-out", "l.json", "--save-pretrained", "sp")
+    plan = profile_and_plan(tmp_path, "hf_llama.py", *args)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "hf_llama.py", *args)
+    _, report = run_planned(tmp_path, plan, "hf_llama.py", *args)
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
+    assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    assert report.refused_actions_by_reason == {}
+    assert report.offloaded_bytes_by_kind["parameter"] > 0
+    assert (base / "model.safetensors").read_bytes() == weights   # a private mapping: the file is untouched
+
+
 def test_evaluation_passes_pause_the_plan_which_resumes_and_training_stays_identical(tmp_path):
     """Profiled without evaluation, run with an eval forward under no_grad after every third
     step: the plan pauses at each eval's first op, resumes at the next iteration, and the

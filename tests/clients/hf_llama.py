@@ -44,6 +44,8 @@ def main():
     p.add_argument("--losses-out")
     p.add_argument("--step-ms-out", help="each optimizer step's wall time in ms (the device synchronized at its end)")
     p.add_argument("--save-pretrained", help="model.save_pretrained(DIR) after training (safetensors)")
+    p.add_argument("--from-pretrained", help="LlamaForCausalLM.from_pretrained(DIR) instead of a fresh model, as a "
+                                             "fine-tune starts (on the CPU its weights stay in safetensors' mapping)")
     p.add_argument("--safetensors-out", help="safetensors.torch.save_file of the parameters")
     p.add_argument("--numpy-out", help="np.savez of the parameters through Tensor.numpy() and DLPack")
     p.add_argument("--accelerate-save", help="accelerate's Accelerator().save_model(model, DIR)")
@@ -60,7 +62,8 @@ def main():
     if args.device == "cuda":  # the twin run compares bit for bit: no nondeterministic kernels
         torch.use_deterministic_algorithms(True)
 
-    model = build(0, args.hidden, args.layers, args.vocab, args.seq).to(args.device)
+    model = (LlamaForCausalLM.from_pretrained(args.from_pretrained) if args.from_pretrained else
+             build(0, args.hidden, args.layers, args.vocab, args.seq)).to(args.device)
     if args.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:
