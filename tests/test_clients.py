@@ -54,6 +54,19 @@ def assert_same_safetensors(a: Path, b: Path) -> None:
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), "saved weights differ"
 
 
+def hf_llama_trains_alike(tmp_path, *args):
+    """hf_llama.py with ARGS (which write l.json and sp/) profiled, planned, and run plainly and
+    under the plan: the same losses and saved weights. The planned run's report."""
+    plan = profile_and_plan(tmp_path, "hf_llama.py", *args)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    run_plain(plain, "hf_llama.py", *args)
+    _, report = run_planned(tmp_path, plan, "hf_llama.py", *args)
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
+    assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    return report
+
+
 def test_save_pretrained_safetensors_numpy_and_dlpack_after_training_see_true_values(tmp_path):
     """The job ends with the plan's wrap-around offloads done: every weight is out. Its
     saves read raw memory (no ATen op): save_pretrained and accelerate's save_model refused
@@ -89,13 +102,7 @@ def test_a_model_from_pretrained_moves_its_weights_and_its_file_stays_as_it_was(
     run_plain(tmp_path, "hf_llama.py", "--steps", 0, "--save-pretrained", base)
     weights = (base / "model.safetensors").read_bytes()
     args = ("--steps", 6, "--from-pretrained", base, "--losses-out", "l.json", "--save-pretrained", "sp")
-    plan = profile_and_plan(tmp_path, "hf_llama.py", *args)
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    run_plain(plain, "hf_llama.py", *args)
-    _, report = run_planned(tmp_path, plan, "hf_llama.py", *args)
-    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
-    assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    report = hf_llama_trains_alike(tmp_path, *args)
     assert report.refused_actions_by_reason == {}
     assert report.offloaded_bytes_by_kind["parameter"] > 0
     assert (base / "model.safetensors").read_bytes() == weights   # a private mapping: the file is untouched
@@ -277,13 +284,7 @@ def test_a_job_that_saves_within_its_cycle_follows_its_plan(tmp_path):
     step took its state dict under the walk when profiled (a detach per entry, kernels of the
     iteration) and outside it when run, so no iteration matched the plan (0 on plan)."""
     args = ("--steps", 8, "--save-every", 1, "--save-pretrained", "sp", "--losses-out", "l.json")
-    plan = profile_and_plan(tmp_path, "hf_llama.py", *args)
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    run_plain(plain, "hf_llama.py", *args)
-    _, report = run_planned(tmp_path, plan, "hf_llama.py", *args)
-    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((plain / "l.json").read_text())
-    assert_same_safetensors(tmp_path / "sp" / "model.safetensors", plain / "sp" / "model.safetensors")
+    report = hf_llama_trains_alike(tmp_path, *args)
     assert report.guard_trips == 0 and report.iterations_on_plan >= 3
 
 
