@@ -98,6 +98,15 @@ def test_a_command_on_no_path_exits_as_the_shell_would(tmp_path):
         assert "not found" in one_line_error(teraio(*stage, "--", "trainn", "x.py", cwd=tmp_path), 127)
 
 
+def test_a_mistyped_option_is_named_not_taken_for_the_command(tmp_path):
+    """Unknown options start the job's command (`teraio profile train.py --lr 3e-4`), so a
+    typo of ours was reported as a command not found, exit 127."""
+    for stage, typo, meant in ((("profile",), "--warmpu", "--warmup"),
+                               (("run", "--plan", "plan.json"), "--ssd-dirr", "--ssd-dir")):
+        line = one_line_error(teraio(*stage, typo, "2", "--", PYTHON, "x.py", cwd=tmp_path), 2)
+        assert f"no such option: {typo} (did you mean {meant}?)" in line
+
+
 def test_crashing_script_shows_its_traceback_then_our_line(tmp_path):
     (tmp_path / "boom.py").write_text("import torch\nraise ValueError('broken data')\n")
     proc = teraio("profile", "boom.py", cwd=tmp_path)

@@ -3,7 +3,7 @@
 import click
 from rich.console import Console
 
-from teraio.app.commands.options import SIZE
+from teraio.app.commands.options import SIZE, no_stray_option
 from teraio_profile.profile import Cap, profile
 
 console = Console(highlight=False)
@@ -59,6 +59,7 @@ def command(trace_out, warmup, iterations, run_to_completion, device, steps_per_
     """
     from teraio.app.commands.inspect import print_trace_summary  # rich view shared with inspect
 
+    no_stray_option(click.get_current_context(), command)
     cap = Cap(gpu_mem_bytes, host_mem_bytes, list(ssd_dirs), io_backend, clean_copies)
     paths = profile(list(command), trace_out, warmup, iterations, run_to_completion, device,
                     steps_per_iteration, step_timeout_s, cap)

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from teraio.app.commands.options import SIZE
+from teraio.app.commands.options import SIZE, no_stray_option
 from teraio_run.run import run
 
 
@@ -40,5 +40,6 @@ def command(plan_path, ssd_dirs, report, gpu_mem_bytes, io_backend, strict, clea
       teraio run --plan plan.json --ssd-dir /nvme0/tio --ssd-dir /nvme1/tio --report run.json \\
           -- torchrun --nproc-per-node 2 train.py
     """
+    no_stray_option(click.get_current_context(), command)
     sys.exit(run(list(command), plan_path, list(ssd_dirs), report, gpu_mem_bytes, io_backend, strict, device,
                  clean_copies=clean_copies))
