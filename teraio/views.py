@@ -7,7 +7,9 @@ from teraio.formats.report import RunReport
 from teraio.units import format_bytes, format_ms
 
 
-def print_report(report: RunReport, out: Console, title: str) -> None:
+def print_report(report: RunReport, out: Console, title: str, calibrate_hint: str = "") -> None:
+    """The run's summary; `calibrate_hint`: a line on predicting better (the runtime's, which
+    knows the plan)."""
     r = report
     over = "[red]over budget[/]" if r.budget_bytes and r.peak_device_bytes > r.budget_bytes else "within budget"
     stray = (f", and {r.steps_without_backward} optimizer step(s) with no backward before them, not counted "
@@ -20,6 +22,8 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured ({which}) vs "
               f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
+    if calibrate_hint:
+        out.print(f"  {calibrate_hint}")
     if r.budget_bytes and r.peak_device_bytes > r.budget_bytes:
         refused = sum(r.refused_actions_by_reason.values())
         why = (f"here {refused} plan offloads were refused (below)" if refused else
@@ -48,8 +52,8 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
     spilled = sum(row.other_tier_bytes for row in r.per_iteration)
     if spilled:
         peak = max(row.host_pool_peak_bytes for row in r.per_iteration)
-        out.print(f"  [yellow]{format_bytes(spilled)} went to the other tier[/]: the host pool (peak "
-                  f"{format_bytes(peak)}) had no room; plan with a larger --host-mem")
+        out.print(f"  [yellow]{format_bytes(spilled)} went to the other tier[/]{_planned_part(r, 'other_tier_bytes', ' (', ')')}: "
+                  f"the host pool (peak {format_bytes(peak)}) had no room; plan with a larger --host-mem")
     for folder, reason in r.closed_swap_dirs.items():
         moved = f"; {format_bytes(r.ssd_to_host_bytes)} planned for the SSD went to the host pool" \
             if r.ssd_to_host_bytes else ""
@@ -58,11 +62,11 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
         out.print(f"  [red]data lost[/]: {tensor}, its swap file could not be read back ({failure})")
     _print_replays(r, out)
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
-    out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}): {causes}")
+    out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}{_planned_part(r, 'stall_ms', ', ', '')}): {causes}")
     if r.compiled_regions:
         out.print(f"  [yellow]torch.compile: {r.compiled_regions} compiled region(s) ran eager[/] (eager numerics)")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
-              f"on-demand evictions {r.on_demand_evictions}, I/O errors {r.io_errors}")
+              f"on-demand evictions {r.on_demand_evictions}{_planned_part(r, 'evictions', ' (', ')')}, I/O errors {r.io_errors}")
     missing = sum(row.plan_ids_missing for row in r.per_iteration)
     if missing:
         # a module's parameters are named at its first call: an averaged model evaluated every few
@@ -87,6 +91,17 @@ def print_report(report: RunReport, out: Console, title: str) -> None:
              "budget where it can be kept")
         out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
                   f"saving, another batch shape, an optimizer step a GradScaler skipped) {resumed}; first: {r.pause_reason}")
+
+
+def _planned_part(r: RunReport, column: str, before: str, after: str) -> str:
+    """How much of a run's total the iterations on plan had, where others had some: the first
+    iteration runs unplanned and may hold most of a run's stalls and evictions."""
+    planned = [row for row in r.per_iteration if row.followed_plan]
+    if not planned or len(planned) == len(r.per_iteration):
+        return ""
+    part = sum(getattr(row, column) for row in planned)
+    shown = {"stall_ms": format_ms, "other_tier_bytes": format_bytes}.get(column, str)(part)
+    return f"{before}{shown} in the {len(planned)} planned iterations{after}"
 
 
 def _paused_to_the_end(r: RunReport) -> int | None:

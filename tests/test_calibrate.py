@@ -5,6 +5,7 @@ report, plan again from the report (Note [Calibration] in teraio_plan/calibrate.
 """
 
 import json
+import re
 from statistics import median
 
 import pytest
@@ -28,8 +29,9 @@ def work(tmp_path_factory):
     budget = int(live_bytes_per_kernel(load_trace(tmp / "trace.msgpack")).max()) // 2
     plan_args = ("--gpu-mem", budget, "--ssds", 0, "--host-mem", 2 * budget)
     ok(teraio("plan", tmp / "trace.msgpack", *plan_args, "-o", tmp / "plan.json", cwd=tmp))
-    ok(teraio("run", "--plan", tmp / "plan.json", "--report", tmp / "run.json", "--", PYTHON, EXAMPLE, *ARGS,
-              cwd=tmp))
+    proc = ok(teraio("run", "--plan", tmp / "plan.json", "--report", tmp / "run.json", "--", PYTHON, EXAMPLE,
+                     *ARGS, cwd=tmp))
+    (tmp / "run.stderr").write_text(proc.stderr)
     assert load_report(tmp / "run.json").iterations_on_plan >= 2
     return tmp, plan_args
 
@@ -49,6 +51,20 @@ def test_a_calibrated_plan_predicts_the_measured_iteration_closer(work):
     error = {name: abs(plan.header.prediction.iteration_ms - measured_ms) / measured_ms
              for name, plan in (("calibrated", calibrated), ("guessed", guessed))}
     assert error["calibrated"] < error["guessed"], error
+
+
+def test_the_run_summary_says_how_to_calibrate_a_plan_that_charged_no_host_time(work):
+    """On the CPU the job's thread is most of a planned step and default rates charge none of
+    it: the summary compared 264 ms measured with 99.8 predicted and said nothing more."""
+    tmp, plan_args = work
+    summary = " ".join((tmp / "run.stderr").read_text().split())
+    assert "the prediction charges no host time" in summary and f"--calibrate {tmp / 'run.json'}" in summary
+    # the first iteration runs unplanned: the summary tells its stalls from the planned ones'
+    assert re.search(r"stalls: \d+ \([^,)]+, [^)]+ in the \d+ planned iterations\)", summary), summary
+    ok(teraio("plan", tmp / "trace.msgpack", *plan_args, "--calibrate", tmp / "run.json", "-o",
+              tmp / "hinted.json", cwd=tmp))
+    proc = ok(teraio("run", "--plan", tmp / "hinted.json", "--", PYTHON, EXAMPLE, *ARGS, cwd=tmp))
+    assert "charges no host time" not in " ".join(proc.stderr.split())
 
 
 def test_a_figure_given_on_the_command_line_wins_over_the_measured_one(work):
