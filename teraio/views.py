@@ -67,6 +67,11 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
         out.print(f"  [yellow]torch.compile: {r.compiled_regions} compiled region(s) ran eager[/] (eager numerics)")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
               f"on-demand evictions {r.on_demand_evictions}{_planned_part(r, 'evictions', ' (', ')')}, I/O errors {r.io_errors}")
+    planned_evictions = sum(row.evictions for row in r.per_iteration if row.followed_plan)
+    if planned_evictions:
+        out.print(f"  [yellow]{planned_evictions} on-demand evictions in planned iterations[/]: they held more than "
+                  "the plan allowed for (a batch longer than any profiled one, a plan at the budget's edge); "
+                  "profile with the job's longest batch, or plan with more --headroom")
     missing = sum(row.plan_ids_missing for row in r.per_iteration)
     if missing:
         # a module's parameters are named at its first call: an averaged model evaluated every few

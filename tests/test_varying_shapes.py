@@ -49,3 +49,19 @@ def test_varying_shapes_follow_the_plan_bit_identically_within_budget(profiled, 
     # `teraio inspect` says how many iterations followed the plan and why the others did not
     view = ok(teraio("inspect", tmp_path / "run.json", cwd=tmp_path)).stdout
     assert f"plan followed in {report.iterations_on_plan} of {len(report.per_iteration)} iterations" in view
+
+
+def test_batches_longer_than_any_profiled_one_are_kept_in_budget_and_the_summary_says_why_it_evicted(tmp_path):
+    """A user's dynamic padding reached 42 tokens where the profile's longest batch had 41:
+    ~90 on-demand evictions per iteration, and nothing said why or what to do."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "hf_llama.py", "--steps", 6,
+              "--seq", 24, cwd=tmp_path))
+    plan, budget = plan_at_half_peak(tmp_path / "t.msgpack", "teraio-plan", tmp_path)
+    run_plain(tmp_path, "hf_llama.py", "--steps", 6, "--seq", 32, "--losses-out", "plain.json")
+    proc, report = run_planned(tmp_path, plan, "hf_llama.py", "--steps", 6, "--seq", 32, "--losses-out", "l.json")
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    assert report.iterations_on_plan >= 3 and report.peak_device_bytes <= budget
+    evicted = sum(row.evictions for row in report.per_iteration if row.followed_plan)
+    summary = " ".join(proc.stderr.split())
+    assert evicted > 0 and f"{evicted} on-demand evictions in planned iterations" in summary
+    assert "profile with the job's longest batch" in summary
