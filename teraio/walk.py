@@ -133,6 +133,7 @@ import weakref
 import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from time import perf_counter
 from typing import NamedTuple
 
@@ -592,6 +593,40 @@ def _work_of(out):
         return None
 
 
+# Note [The job's errors, not ours]
+# An op the job calls wrongly (a shape mismatch, an out-of-memory past every retry) raises
+# inside the walk, so its traceback showed the walk's frames and PyTorch's OpOverload.__call__
+# between the job's line and the error, where the plain run shows none: a user reads it as a
+# crash of TeraIO's. An error the op raised (marked by _call), and a Ctrl-C wherever it lands,
+# leave the walk with those frames taken out; an error of the walk's or the runtime's own
+# keeps its whole traceback, to be reported.
+OP_ERROR_MARK = "__teraio_op_error__"
+_OUR_FOLDERS = tuple(str(Path(__file__).resolve().parents[1] / name) for name in
+                     ("teraio", "teraio_run", "teraio_profile"))
+_OPS_FILE = str(Path(torch._ops.__file__).resolve())
+
+
+def _op_error(err: BaseException) -> BaseException:
+    setattr(err, OP_ERROR_MARK, True)
+    return err
+
+
+def _without_our_frames(tb):
+    """The traceback without the walk's frames and the OpOverload call they made."""
+    kept = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not (code.co_filename.startswith(_OUR_FOLDERS) or
+                (code.co_filename == _OPS_FILE and code.co_name == "__call__")):
+            kept.append(tb)
+        tb = tb.tb_next
+    for first, second in zip(kept, kept[1:]):
+        first.tb_next = second
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None
+
+
 class OpWalk(TorchDispatchMode):
     """Numbers every ATen op on the watched device and names every storage it touches."""
 
@@ -877,6 +912,10 @@ class OpWalk(TorchDispatchMode):
             if chunks is None:
                 return self._walk_op(func, args, kwargs, info)
             return join_outputs([self._walk_op(func, *chunk, info) for chunk in chunks])
+        except BaseException as err:
+            if isinstance(err, KeyboardInterrupt) or getattr(err, OP_ERROR_MARK, False):
+                err.__traceback__ = _without_our_frames(err.__traceback__)
+            raise   # a bare raise adds no frame of this one
         finally:
             set_eval_frame(prior)
 
@@ -943,15 +982,19 @@ class OpWalk(TorchDispatchMode):
         stages (an op that fails to allocate has not written its outputs: a retry is safe)."""
         try:
             return func(*args, **kwargs)
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as err:
             if not self.listener.relieve_memory(inputs, 0):
-                raise
+                raise _op_error(err)
+        except BaseException as err:
+            raise _op_error(err)
         for attempt in range(1, OOM_RETRIES + 1):
             try:
                 return func(*args, **kwargs)
-            except torch.OutOfMemoryError:
+            except torch.OutOfMemoryError as err:
                 if attempt == OOM_RETRIES or not self.listener.relieve_memory(inputs, attempt):
-                    raise
+                    raise _op_error(err)
+            except BaseException as err:
+                raise _op_error(err)
         raise AssertionError("unreachable")
 
     def _pin(self, records, work, waited: bool) -> None:

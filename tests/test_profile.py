@@ -114,6 +114,17 @@ def test_crashing_script_shows_its_traceback_then_our_line(tmp_path):
     assert "exited with code 1" in one_line_error(proc, 4)
 
 
+def test_an_error_in_the_jobs_own_op_shows_the_jobs_traceback_not_ours(tmp_path):
+    """Note [The job's errors, not ours] in teraio/walk.py: a shape mismatch raised inside the
+    walk, and its traceback ran through teraio/walk.py: users read it as a crash of ours."""
+    (tmp_path / "bad.py").write_text("import torch\nm = torch.nn.Linear(4, 4)\nm(torch.randn(2, 5))\n")
+    proc = teraio("profile", "bad.py", cwd=tmp_path)
+    traceback = proc.stderr.split("Traceback (most recent call last):")[1]
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in traceback
+    assert 'bad.py", line 3' in traceback and "teraio" not in traceback.split("RuntimeError")[0]
+    assert "_ops.py" not in traceback
+
+
 def test_script_without_optimizer_step(tmp_path):
     (tmp_path / "idle.py").write_text("import torch\nprint(torch.ones(3).sum())\n")
     assert "without an optimizer step" in one_line_error(teraio("profile", "idle.py", cwd=tmp_path), 4)
