@@ -182,7 +182,9 @@ def _iteration_table(rows, head: int = 3, tail: int = 9) -> Table:
     table = Table("iter", "plan", "time", "stall", "evict", "walk", "ops", "copy", "out", "spill", "pool",
                   box=box.SIMPLE, pad_edge=False, title=f"Iterations{which}: times in ms, sizes in {unit}",
                   title_justify="left", caption_justify="left",
-                  caption="plan: followed, kNNN: paused at kernel NNN, no: unplanned; walk: host time in the walk and agent; ops: inside PyTorch's ops; copy: time the copies "
+                  caption="iteration 0 counts from the runtime's start: the job's imports, model building and "
+                          "first batch are in its time; "
+                          "plan: followed, kNNN: paused at kernel NNN, no: unplanned; walk: host time in the walk and agent; ops: inside PyTorch's ops; copy: time the copies "
                           "kept their paths busy; out: moved off the device; spill: put on the other tier, the "
                           "host pool being full; pool: the most the host pool held")
     for row in (rows[:head] + [None] + rows[-tail:] if skipped else rows):
