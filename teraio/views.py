@@ -19,8 +19,9 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
     # Note [Steady iterations] in teraio/formats/report.py
     which = "median of the planned iterations after the first" if r.iterations_on_plan > 1 else \
         ("the one planned iteration" if r.iterations_on_plan else "median of the unplanned ones after the first two")
+    predicted = "predicted" if r.iterations_on_plan else "predicted for the plan, which no iteration followed"
     out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured ({which}) vs "
-              f"{format_ms(r.predicted_iteration_ms)} predicted; peak {format_bytes(r.peak_device_bytes)} "
+              f"{format_ms(r.predicted_iteration_ms)} {predicted}; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
     if calibrate_hint:
         out.print(f"  {calibrate_hint}")
