@@ -99,7 +99,7 @@ def finish(agent, context) -> None:
             report = build_report(agent, context)
             # each apart: a report file that cannot be written (a full disk) still leaves the summary,
             # and a summary that cannot be printed (stderr closed, a broken pipe) still leaves the file
-            _print_summary(report, _calibrate_hint(agent, report, context.settings.report))
+            _print_summary(report, calibrate_hint(agent.plan.header.inputs, report, context.settings.report))
             if context.settings.report:
                 save_report(report, rank_path(context.settings.report, context.settings.rank,
                                               context.settings.world_size))
@@ -115,11 +115,11 @@ def finish(agent, context) -> None:
 CALIBRATE_HINT_OVER = 1.1   # measured past the prediction by this factor: say how to predict better
 
 
-def _calibrate_hint(agent, report, report_path: str) -> str:
+def calibrate_hint(inputs, report, report_path: str) -> str:
     """A plan made with default rates charges the job's thread nothing (Calibration in
     docs/planner.md), so a job of short kernels runs well past its prediction: the summary
-    says how to get one that holds, once the run measured what it needs."""
-    inputs = agent.plan.header.inputs
+    says how to get one that holds, once the run measured what it needs. `inputs` is the
+    plan header's planner inputs."""
     if inputs.host_us_per_kernel or not report.iterations_on_plan or not report.predicted_iteration_ms:
         return ""
     if report.measured_iteration_ms <= CALIBRATE_HINT_OVER * report.predicted_iteration_ms:
