@@ -15,7 +15,9 @@ device). One copy per storage per save: tensors that share a storage still share
 file. Storages on the device are saved as usual. Nothing comes back to the device but what no
 tier holds the bytes of (a replayed activation: it is made again, as for an op), and nothing
 leaves while the save runs (its sizes are read before its bytes). Tensor subclasses (DTensor)
-and tensors with Python attributes are saved as usual.
+and tensors with Python attributes (fastai's TensorBase, say: a Learner's smoothed loss) are
+saved as usual, their storage brought back first: pickled with no bytes on the device, it was
+a storage of 0 bytes in the file, which torch.load refused ("not resizable").
 """
 
 from contextlib import contextmanager
@@ -37,11 +39,12 @@ class TierReads:
 
     def stand_in(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """A CPU tensor with `tensor`'s bytes read from its tier, or None to pickle it as it is."""
-        if type(tensor) is not torch.Tensor or torch._utils._get_obj_state(tensor):
-            return None   # a subclass, or Python attributes the stand-in would not carry
         storage = tensor.untyped_storage()
         record = self.records.get(storage._cdata)
         if record is None or storage._cdata not in self.engine.moved:
+            return None
+        if type(tensor) is not torch.Tensor or torch._utils._get_obj_state(tensor):
+            self.bring_back(record)   # a subclass, or Python attributes the stand-in would not carry
             return None
         copy = self.copies.get(record.key)
         if copy is None:

@@ -34,6 +34,10 @@ def test_torch_save_reads_moved_tensors_from_their_tiers_and_the_file_is_the_pla
     assert all(torch.equal(a, _flat(theirs)[key]) for key, a in _flat(mine).items())
     weight, rows = mine["weight_and_rows"]
     assert rows.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()   # still one storage
+    # a subclass and a tensor with attributes over moved storages: their bytes, not 0 of them
+    assert planned["extras_out_at_save"] > 0
+    extras = {name: (tmp_path / name / "checkpoint.pt.extras").read_bytes() for name in ("planned", "plain")}
+    assert extras["planned"] == extras["plain"]
 
 
 def _flat(obj, prefix=""):

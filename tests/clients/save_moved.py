@@ -2,6 +2,8 @@
 moved weights and optimizer state out: the checkpoint must hold their true values, tensors
 that share a storage must still share it, and training goes on exactly. Writes the losses, the
 checkpoint, and how many of the saved storages were out of device memory before and after it.
+A second file saves a tensor subclass and a tensor with a Python attribute over moved storages
+(fastai's Learner holds such tensors): they must hold their true bytes too.
 """
 
 import argparse
@@ -10,6 +12,10 @@ import json
 import torch
 
 WIDTH, DEPTH, BATCH = 256, 6, 32
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass with nothing of its own, as fastai's TensorBase."""
 
 
 def main() -> None:
@@ -26,13 +32,15 @@ def main() -> None:
                                   for _ in range(DEPTH)]).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs, target = torch.randn(BATCH, WIDTH).to(args.device), torch.randn(BATCH, WIDTH).to(args.device)
-    losses, out_at_save, out_after_save = [], None, None
+    losses, out_at_save, out_after_save, extras_out_at_save, extras = [], None, None, None, None
     for step in range(args.steps):
         loss = torch.nn.functional.mse_loss(model(inputs), target)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+        if step == 0:
+            extras = _subclassed_views(optimizer)
         if step == args.save_at:
             _let_copies_finish(args.device)
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -40,8 +48,20 @@ def main() -> None:
             out_at_save = _out(state)
             torch.save(state, args.checkpoint)
             out_after_save = _out(state)
+            extras_out_at_save = _out(extras)
+            torch.save(extras, args.checkpoint + ".extras")
     with open(args.out, "w") as f:
-        json.dump({"losses": losses, "out_at_save": out_at_save, "out_after_save": out_after_save}, f)
+        json.dump({"losses": losses, "out_at_save": out_at_save, "out_after_save": out_after_save,
+                   "extras_out_at_save": extras_out_at_save}, f)
+
+
+def _subclassed_views(optimizer) -> dict:
+    """Views of each parameter's AdamW moments, as a subclass and with a Python attribute."""
+    moments = [optimizer.state[p] for group in optimizer.param_groups for p in group["params"]]
+    noted = [state["exp_avg_sq"].detach() for state in moments]
+    for tensor in noted:
+        tensor.note = "a Python attribute"
+    return {"tagged": [state["exp_avg"].detach().as_subclass(Tagged) for state in moments], "noted": noted}
 
 
 def _let_copies_finish(device: str) -> None:
