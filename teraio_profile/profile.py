@@ -123,8 +123,9 @@ def _traces_or_error(argv, returncode: int, statuses: list[dict], needed: int) -
     iterations = max((s["iterations"] for s in statuses), default=0)
     needed = max([s["needed"] for s in statuses if s.get("needed")] + [needed])
     if steps == 0:
-        raise ScriptError(f"{script} finished without an optimizer step: profile a script that trains, "
-                          "or mark each iteration with teraio.walk.teraio_step()")
+        raise ScriptError(f"{script} finished without a step of a torch.optim optimizer, which marks its "
+                          "iterations: a script that trains with an optimizer of its own (fastai's, a hand-written "
+                          "update) calls teraio.walk.teraio_step() where it steps; otherwise profile a script that trains")
     per_iteration = max((s.get("steps_per_iteration", 1) for s in statuses), default=1)
     cycle = (f" (its ops repeat every {per_iteration} optimizer steps, so an iteration is {per_iteration} steps: "
              f"it ran {steps} steps; --steps-per-iteration 1 profiles each step on its own)") if per_iteration > 1 else ""

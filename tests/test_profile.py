@@ -127,7 +127,32 @@ def test_an_error_in_the_jobs_own_op_shows_the_jobs_traceback_not_ours(tmp_path)
 
 def test_script_without_optimizer_step(tmp_path):
     (tmp_path / "idle.py").write_text("import torch\nprint(torch.ones(3).sum())\n")
-    assert "without an optimizer step" in one_line_error(teraio("profile", "idle.py", cwd=tmp_path), 4)
+    assert "without a step of a torch.optim optimizer" in one_line_error(teraio("profile", "idle.py", cwd=tmp_path), 4)
+
+
+HAND_WRITTEN_SGD = """import torch
+{import_}
+model = torch.nn.Linear(8, 8)
+for _ in range(12):
+    model(torch.randn(4, 8)).square().mean().backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+            p.grad = None
+    {mark}
+"""
+
+
+def test_a_loop_with_its_own_optimizer_is_told_to_mark_its_steps_and_profiles_once_it_does(tmp_path):
+    """fastai's own optimizers step no torch.optim optimizer: the profile said "profile a script
+    that trains" to a script that trained."""
+    (tmp_path / "sgd.py").write_text(HAND_WRITTEN_SGD.format(import_="", mark=""))
+    line = one_line_error(teraio("profile", "sgd.py", cwd=tmp_path), 4)
+    assert "an optimizer of its own" in line and "teraio.walk.teraio_step()" in line
+    (tmp_path / "sgd.py").write_text(HAND_WRITTEN_SGD.format(import_="from teraio.walk import teraio_step",
+                                                             mark="teraio_step()"))
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "sgd.py", cwd=tmp_path))
+    assert len(load_trace(tmp_path / "t.msgpack").kernel_op) > 0
 
 
 def test_too_few_steps_says_how_many(tmp_path):
