@@ -67,7 +67,8 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
     if r.compiled_regions:
         out.print(f"  [yellow]torch.compile: {r.compiled_regions} compiled region(s) ran eager[/] (eager numerics)")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
-              f"on-demand evictions {r.on_demand_evictions}{_planned_part(r, 'evictions', ' (', ')')}, I/O errors {r.io_errors}")
+              f"on-demand evictions {r.on_demand_evictions}{_planned_part(r, 'evictions', ' (', ')')}, I/O errors {r.io_errors}"
+              + _late_and_skipped(r))
     planned_evictions = sum(row.evictions for row in r.per_iteration if row.followed_plan)
     if planned_evictions:
         out.print(f"  [yellow]{planned_evictions} on-demand evictions in planned iterations[/]: they held more than "
@@ -97,6 +98,14 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
              "budget where it can be kept")
         out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
                   f"saving, another batch shape, an optimizer step a GradScaler skipped) {resumed}; first: {r.pause_reason}")
+
+
+def _late_and_skipped(r: RunReport) -> str:
+    """Prefetches that were not back in time, and those that found no room (they came back when
+    an op needed them): both stall, and the stall causes alone did not tell them apart."""
+    parts = ([f"prefetches late {r.deadline_misses}"] if r.deadline_misses else []) + \
+        ([f"prefetches with no room until an op needed them {r.skipped_actions}"] if r.skipped_actions else [])
+    return "".join(", " + part for part in parts)
 
 
 def _planned_part(r: RunReport, column: str, before: str, after: str) -> str:
