@@ -203,3 +203,17 @@ def test_a_budget_below_what_must_stay_names_the_least_that_fits(tmp_path):
     assert "evicting on demand" in res.output and "add SSDs" not in res.output
     shown = CliRunner().invoke(cli, ["inspect", str(path)], terminal_width=200)   # the same floor, before planning
     assert f"a plan fits from 2 GiB ({2 * GiB} bytes" in " ".join(shown.output.split()), shown.output
+
+
+def test_inspect_marks_the_kernels_of_an_entry_away_across_the_iteration_boundary(tmp_path):
+    """A weight used at kernels 40 and 60 is idle longest from 60 to the next iteration's 40:
+    the entry's table row read "out after 60, back at 3x" as a mistake."""
+    trace = make_trace([10.0] * 100, [T("w", GiB, [40, 60]),
+                                      T("x", GiB, list(range(0, 20)), Kind.activation, born=0, freed=20)])
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    assert run("plan", path, "--gpu-mem", "1.5GiB", "--ssds", 0, "--host-mem", "4GiB", "-o", tmp_path / "p.json").exit_code == 0
+    entry = next(e for e in load_plan(tmp_path / "p.json").entries if e.name == "w")
+    assert entry.wraps and entry.prefetch_at < entry.offload_after
+    shown = CliRunner().invoke(cli, ["inspect", str(tmp_path / "p.json")], terminal_width=200).output
+    row = next(line for line in shown.splitlines() if "│" in line and line.split("│")[1].strip() == "w")
+    assert f"{entry.prefetch_at} (next iteration)" in row and f"{entry.needed_by} (next iteration)" in row, shown

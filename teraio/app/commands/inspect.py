@@ -147,13 +147,22 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
                   title=f"Largest of {len(plan.entries)} entries (each one's reason is in the file)",
                   title_justify="left")
     table.columns[0].overflow = "fold"
+    for column in table.columns[3:]:
+        column.no_wrap = True   # a kernel and its "(next iteration)" on one line: the name folds instead
     largest = sorted(plan.entries, key=lambda e: (-e.nbytes, e.offload_after))[:max_rows]
     for entry in largest:
         table.add_row(entry.name, tier_label(entry), format_bytes(entry.nbytes),
-                      str(entry.offload_after), str(entry.prefetch_at), str(entry.needed_by))
+                      str(entry.offload_after), *_back(entry))
     out.print(table)
     if len(plan.entries) > max_rows:
         out.print(f"  ... and {len(plan.entries) - max_rows} more (the file has one entry per line)")
+
+
+def _back(entry) -> tuple[str, str]:
+    """Its "back at" and "needed by" kernels, marked where they are the next iteration's (an
+    entry away across the iteration boundary: out after 304, back at 300 read as a typo)."""
+    nxt = " (next iteration)" if entry.wraps else ""
+    return f"{entry.prefetch_at}{nxt}", f"{entry.needed_by}{nxt}"
 
 
 def _report_stats(path):
