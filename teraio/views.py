@@ -70,7 +70,11 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
               f"on-demand evictions {r.on_demand_evictions}{_planned_part(r, 'evictions', ' (', ')')}, I/O errors {r.io_errors}"
               + _late_and_skipped(r))
     planned_evictions = sum(row.evictions for row in r.per_iteration if row.followed_plan)
-    if planned_evictions:
+    if planned_evictions and not r.plan_fits:
+        out.print(f"  [yellow]{planned_evictions} on-demand evictions in planned iterations[/]: the plan itself did "
+                  "not fit the budget (teraio plan said so), and the runtime kept the cap by evicting; plan with a "
+                  "host pool (--host-mem), SSDs or a larger --gpu-mem for one that fits")
+    elif planned_evictions:
         out.print(f"  [yellow]{planned_evictions} on-demand evictions in planned iterations[/]: they held more than "
                   "the plan allowed for (a batch longer than any profiled one, a plan at the budget's edge); "
                   "profile with the job's longest batch, or plan with more --headroom")

@@ -56,6 +56,7 @@ def build_report(agent, context) -> RunReport:
         plan_pauses=agent.plan_pauses,
         pause_reason=agent.pause_reason,
         compiled_regions=compile_guard.count(),
+        plan_fits=agent.plan.header.prediction.fits,
         predicted_iteration_ms=predicted,
         measured_iteration_ms=round(float(measured), 3),
         kernel_time_drift=round(float(measured / predicted - 1), 4) if predicted > 0 else None,

@@ -316,3 +316,19 @@ def test_the_iteration_that_proves_the_plan_follows_it_too(work, tmp_path):
     older_first = report.per_iteration[0]
     assert first.planned_offloads > 0 and older_first.planned_offloads == 0
     assert first.evictions < older_first.evictions, (first, older_first)
+
+
+def test_a_plan_that_did_not_fit_runs_exactly_and_the_summary_says_the_plan_is_why_it_evicted(work, tmp_path):
+    """Planned with no room to move to (a host pool of 1 MiB, no SSD), the plan says it does
+    not fit; the run kept the cap by evicting, and its summary blamed longer batches."""
+    peak = peak_bytes(load_trace(work / "trace.msgpack"))
+    ok(teraio("plan", work / "trace.msgpack", "--gpu-mem", peak // 2, "--ssds", 0, "--host-mem", "1MiB",
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    assert not load_plan(tmp_path / "plan.json").header.prediction.fits
+    proc, report = run_example(work, tmp_path, tmp_path / "plan.json")
+    assert_twin(work, tmp_path)
+    assert not report.plan_fits and report.peak_device_bytes <= report.budget_bytes
+    evicted = sum(row.evictions for row in report.per_iteration if row.followed_plan)
+    summary = " ".join(proc.stderr.split())
+    assert evicted > 0 and "the plan itself did not fit the budget" in summary, summary
+    assert "longest batch" not in summary

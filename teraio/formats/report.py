@@ -132,6 +132,8 @@ class RunReport(Strict):
     pause_reason: str = Field("", description="the first pause: where, and which op")
     compiled_regions: int = Field(0, description="torch.compile calls in this job: under TeraIO they run "
                                   "eager, with eager numerics (Note [Compile under the walk])")
+    plan_fits: bool = Field(True, description="the plan's own prediction kept the budget (teraio plan's "
+                            "fits); where it did not, the runtime kept the cap by evicting on demand")
     predicted_iteration_ms: float
     measured_iteration_ms: float
     kernel_time_drift: float | None
