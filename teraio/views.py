@@ -11,7 +11,9 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
     """The run's summary; `calibrate_hint`: a line on predicting better (the runtime's, which
     knows the plan)."""
     r = report
-    over = "[red]over budget[/]" if r.budget_bytes and r.peak_device_bytes > r.budget_bytes else "within budget"
+    excess = r.peak_device_bytes - r.budget_bytes
+    # by how much, in bytes: "peak 17.5 MiB of 17.5 MiB budget (over budget)" read as a contradiction
+    over = f"[red]over budget by {format_bytes(excess)}[/]" if r.budget_bytes and excess > 0 else "within budget"
     stray = (f", and {r.steps_without_backward} optimizer step(s) with no backward before them, not counted "
              "as iterations" if r.steps_without_backward else "")
     out.print(f"[bold]{title}[/]: {r.iterations} iterations ({r.iterations_on_plan} on plan){stray}, "

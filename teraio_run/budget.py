@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from teraio.formats.trace import Kind
 from teraio.raw_access import made_by_load
 from teraio.walk import OOM_RETRIES, cuda_allocated_bytes
+from teraio_run.metrics import REFUSAL_LABELS
 from teraio_run.engine import MOVABLE_KINDS
 
 _expired = torch.UntypedStorage._expired   # a storage's liveness by its weak pointer, in C
@@ -391,7 +392,8 @@ class BudgetKeeper:
             if reason is not None:
                 kept[reason] = kept.get(reason, 0) + record.nbytes
         largest = max((r for r in in_use if r.key not in moved), key=lambda r: r.nbytes, default=None)
-        never = ", ".join(f"{why} {format_bytes(n)}" for why, n in sorted(kept.items(), key=lambda kv: -kv[1]))
+        never = ", ".join(f"{REFUSAL_LABELS.get(why, why)} {format_bytes(n)}"
+                          for why, n in sorted(kept.items(), key=lambda kv: -kv[1]))
         print(f"teraio: warning: the device holds {format_bytes(resident)}, over its budget of "
               f"{format_bytes(self.budget_bytes)}, after kernel {self.walk.kernel - 1} of iteration "
               f"{self.walk.iteration}: that op's own tensors take {format_bytes(own_bytes)}"

@@ -19,9 +19,14 @@ REFUSALS = {
     "not_resizable": "its memory belongs to whoever made it, not to PyTorch's allocator (torch.from_numpy's "
                      "array, torch.frombuffer's buffer or a DLPack producer, which may still read or write it), so "
                      "it cannot be freed; to let it move, give the job its own copy (tensor.clone())",
-    "shared": "it is in shared memory (Module.share_memory(), a tensor sent to another process), which other "
-              "processes may map: it cannot be freed",
+    "shared": "it is in shared memory (a batch from a DataLoader worker on the CPU, Module.share_memory(), a "
+              "tensor sent to another process), which other processes may map: it cannot be freed",
 }
+# the same reasons in a few words, for a list of what held memory (BudgetKeeper's over-budget warning)
+REFUSAL_LABELS = {"pinned": "read through a raw pointer", "unwritten": "allocated, not yet written",
+                  "collective": "in a collective", "kind": "of a kind the runtime never moves",
+                  "ddp_gradient": "DDP gradients", "not_resizable": "memory not the allocator's",
+                  "shared": "in shared memory"}
 
 
 class IterationLog:

@@ -9,6 +9,7 @@ op needs more than the budget (the EMA's foreach over every weight), it is said 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,33 @@ def test_a_hand_written_ema_keeps_the_budget_where_its_foreach_fits_and_says_onc
     said = [line for line in proc.stderr.splitlines() if "over its budget" in line]
     assert len(said) == 1 and "that op's own tensors take" in said[0], proc.stderr
     assert report.peak_device_bytes > report.budget_bytes
+
+
+HELD_TABLE = """import json
+import numpy as np
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
+optimizer = torch.optim.AdamW(model.parameters())
+table = torch.from_numpy(np.ones((512, 256), dtype=np.float32))   # 512 KiB numpy owns: it cannot move
+x, losses = torch.randn(32, 128), []
+for _ in range(8):
+    loss = model(x).square().mean() + table.sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    losses.append(loss.item())
+json.dump(losses, open("losses.json", "w"))
+"""
+
+
+def test_the_over_budget_warning_names_in_words_why_what_stayed_could_not_move(tmp_path):
+    """A fastai trial read "storages that may not move 1 MiB (kind 1 MiB)": the reason was a key."""
+    (tmp_path / "held.py").write_text(HELD_TABLE)
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, "held.py", cwd=tmp_path))
+    plan = plan_at(tmp_path, load_trace(tmp_path / "t.msgpack"), 0.3)
+    proc = ok(teraio("run", "--plan", plan, "--", PYTHON, "held.py", cwd=tmp_path))
+    said = next(line for line in proc.stderr.splitlines() if "over its budget" in line)
+    assert "storages that may not move" in said and "(of a kind the runtime never moves" in said, said
+    # the summary says by how much, which two sizes rounded alike did not
+    assert re.search(r"\(over budget by \d+(\.\d+)? [KM]?i?B\)", " ".join(proc.stderr.split())), proc.stderr
