@@ -86,8 +86,9 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
         # steps, updated from the first, was unnamed in the iterations before its first evaluation
         out.print(f"  [yellow]{missing} plan actions found no tensor of their name[/] (the parameters of a module "
                   "not yet called in this run, such as an averaged model evaluated every few steps, or a tensor "
-                  "the job replaced where neither its model nor its optimizer shows it): those tensors stayed "
-                  "where they were")
+                  "the job replaced where neither its model nor its optimizer shows it, or one made only in "
+                  "some iterations): those tensors stayed where they were"
+                  + (f"; first: {r.first_missing}" if r.first_missing else ""))
     if r.refused_actions_by_reason:
         why = ", ".join(f"{reason} {count}" for reason, count in r.refused_actions_by_reason.items())
         out.print(f"  [yellow]{sum(r.refused_actions_by_reason.values())} plan offloads refused[/] ({why}): those "

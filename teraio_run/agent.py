@@ -156,7 +156,7 @@ class RunAgent(WalkListener):
         if record is None:
             # before the plan is learned, a tensor not met yet is one never moved
             if self.expected is not None:
-                self.log.counts["plan_ids_missing"] += 1
+                self.log.missing(entry, "prefetch")
             return
         # counted after this op, and sent back if it passes the budget there (Note
         # [Prefetches within the budget] in teraio_run/budget.py)
@@ -228,7 +228,7 @@ class RunAgent(WalkListener):
         record = self.by_id.get(entry.tensor)
         if record is None:
             if self.expected is not None:   # an iteration on trust may not be the traced one
-                self.log.counts["plan_ids_missing"] += 1
+                self.log.missing(entry, "offload")
         elif (refused := self.keeper.refusal(record, Kind[entry.kind])) is not None:
             self.log.refuse(entry, refused)  # Note [Refused plan actions] in teraio_run/metrics.py
         elif self.engine.offload(record, self._tier(entry, record)):

@@ -52,10 +52,18 @@ class IterationLog:
                        "refused_actions": 0}  # this iteration's
         self.refused_by_reason: Counter = Counter()   # the run's (Note [Refused plan actions])
         self.first_refusal = ""
+        self.first_missing = ""   # the first plan action that found no tensor of its name
         self.steps_without_backward = 0   # Note [Steps that train nothing]
         self._trains = False              # a gradient has been accumulated in the job
         self._t_iter = time.perf_counter()
         self._last_totals: dict = {}
+
+    def missing(self, entry, action: str) -> None:
+        """A plan action whose tensor the run has not met (the summary names the first)."""
+        self.counts["plan_ids_missing"] += 1
+        if not self.first_missing:
+            self.first_missing = (f"iteration {self.walk.iteration}, the {action} of {entry.tensor} ({entry.name}, "
+                                  f"{entry.kind})")
 
     def refuse(self, entry, reason: str) -> None:
         """A plan offload the runtime did not do (Note [Refused plan actions])."""

@@ -47,6 +47,7 @@ def build_report(agent, context) -> RunReport:
         skipped_actions=stats.skipped,
         refused_actions_by_reason=dict(sorted(agent.log.refused_by_reason.items())),
         first_refusal=agent.log.first_refusal,
+        first_missing=agent.log.first_missing,
         on_demand_evictions=stats.evictions,
         oom_retries=stats.oom_retries,
         peak_device_bytes=_peak_bytes(agent),

@@ -201,7 +201,11 @@ def test_an_averaged_model_updated_every_step_and_evaluated_every_third_holds_tr
     assert report.iterations_on_plan >= 3 and report.offloaded_bytes_by_kind.get("parameter", 0) > 0
     # the first planned iteration, before the EMA's first evaluation, misses its weights: said so
     assert any(row.plan_ids_missing for row in report.per_iteration)
-    assert "a module not yet called in this run" in " ".join(proc.stderr.split())
+    summary = " ".join(proc.stderr.split())
+    assert "a module not yet called in this run" in summary
+    # and names the first of them: a fastai trial could not tell which tensors it meant
+    assert report.first_missing.startswith("iteration ") and f"first: {report.first_missing}" in summary
+    assert "module." in report.first_missing, report.first_missing   # the AveragedModel's copy of a weight
 
 
 def test_a_lightning_fit_with_bf16_clipping_accumulation_and_checkpoints_trains_identically(tmp_path):

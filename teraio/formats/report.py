@@ -119,6 +119,8 @@ class RunReport(Strict):
         default_factory=dict, description="plan offloads the runtime did not do, by why: pinned (handed out "
         "through a raw pointer), unwritten (allocated without a write, no op has taken it yet), collective, kind "
         "(a kind that never moves), ddp_gradient; the storage stayed on the device")
+    first_missing: str = Field("", description="the first plan action that found no tensor of its name: when, "
+                               "which tensor")
     first_refusal: str = Field("", description="the first refused plan offload: when, which tensor, why")
     on_demand_evictions: int
     oom_retries: int
