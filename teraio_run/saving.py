@@ -39,6 +39,8 @@ class TierReads:
 
     def stand_in(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """A CPU tensor with `tensor`'s bytes read from its tier, or None to pickle it as it is."""
+        if not torch._C._has_storage(tensor):
+            return None   # sparse tensors: their parts are pickled as tensors of their own
         storage = tensor.untyped_storage()
         record = self.records.get(storage._cdata)
         if record is None or storage._cdata not in self.engine.moved:

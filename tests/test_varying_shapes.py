@@ -66,5 +66,5 @@ def test_batches_longer_than_any_profiled_one_are_kept_in_budget_and_the_summary
     assert evicted > 0 and f"{evicted} on-demand evictions in planned iterations" in summary
     assert "profile with the job's longest batch" in summary
     # the prefetches the longer batches left no room for, or that came back late, are counted
-    assert f"prefetches late {report.deadline_misses}" in summary if report.deadline_misses else "late" not in summary
+    assert f"prefetches late {report.deadline_misses}" in summary if report.deadline_misses else "prefetches late" not in summary
     assert ("no room until an op needed them" in summary) == (report.skipped_actions > 0)

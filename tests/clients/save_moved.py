@@ -3,7 +3,7 @@ moved weights and optimizer state out: the checkpoint must hold their true value
 that share a storage must still share it, and training goes on exactly. Writes the losses, the
 checkpoint, and how many of the saved storages were out of device memory before and after it.
 A second file saves a tensor subclass and a tensor with a Python attribute over moved storages
-(fastai's Learner holds such tensors): they must hold their true bytes too.
+(fastai's Learner holds such tensors), and a sparse tensor: they must hold their true bytes too.
 """
 
 import argparse
@@ -61,7 +61,8 @@ def _subclassed_views(optimizer) -> dict:
     noted = [state["exp_avg_sq"].detach() for state in moments]
     for tensor in noted:
         tensor.note = "a Python attribute"
-    return {"tagged": [state["exp_avg"].detach().as_subclass(Tagged) for state in moments], "noted": noted}
+    return {"tagged": [state["exp_avg"].detach().as_subclass(Tagged) for state in moments], "noted": noted,
+            "sparse": torch.eye(4).to_sparse()}   # no storage of its own: pickled through its parts
 
 
 def _let_copies_finish(device: str) -> None:
@@ -75,7 +76,8 @@ def _let_copies_finish(device: str) -> None:
 
 def _out(state) -> int:
     """Storages among the state's with no device memory now (moved out by a plan)."""
-    return len({t.untyped_storage()._cdata for t in _tensors(state) if t.untyped_storage().nbytes() == 0})
+    return len({t.untyped_storage()._cdata for t in _tensors(state)
+                if t.layout == torch.strided and t.untyped_storage().nbytes() == 0})
 
 
 def _tensors(obj):
