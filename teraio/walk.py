@@ -204,9 +204,9 @@ class StorageRecord:
     """What the walk knows of one live storage."""
 
     __slots__ = ("key", "id", "name", "kind", "nbytes", "_dtype", "_shape", "ref", "born_iteration", "pinned",
-                 "collective", "writes")
+                 "collective", "writes", "made_by_op")
 
-    def __init__(self, key, tensor_id, kind, tensor, storage, iteration):
+    def __init__(self, key, tensor_id, kind, tensor, storage, iteration, made_by_op=False):
         self.key = key
         self.id = tensor_id
         self.name = tensor_id
@@ -220,6 +220,9 @@ class StorageRecord:
         self.pinned = False   # never moved (Note [Collective buffers], Note [FSDP2 unsharded parameters])
         self.collective = None  # the c10d Work of the last collective on it (Note [Collective buffers])
         self.writes = 0         # ops that wrote it in place since the walk met it (Note [Writes])
+        # first met as an op's output, so made by this thread under the walk (movable_other);
+        # False for one first met as an input
+        self.made_by_op = made_by_op
 
     @property
     def dtype(self) -> str:
@@ -243,6 +246,44 @@ class StorageRecord:
         if self.ref.expired():
             return None
         return torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)
+
+
+def movable_other(record: StorageRecord) -> bool:
+    """Note [Storages the job made]
+    Kind `other` is what the walk cannot name: a copy the script keeps (copy.deepcopy of the
+    optimizer's state_dict as an in-memory checkpoint, an EMA of the weights that no module of
+    the model holds, timm's ModelEmaV3 before its first forward), the state of an optimizer that
+    is not torch.optim's (fastai's, a hand-written update marked with teraio_step), module
+    buffers, the step's and the backward's temporaries, and communication buffers. It used to
+    stay on the device whatever the budget: a job keeping two snapshots of its AdamW state went
+    41% over its budget, one with an EMA 14% over, and the keeper had nothing to evict. What
+    kept `other` in place is the communication buffers (Note [Collective buffers]): DDP's
+    buckets and FSDP2's all-gather and reduce-scatter buffers are read and written by
+    communication threads, where no dispatch mode runs, so a bucket moved out would be written
+    through a dangling pointer; those that a collective took without a Work to wait for are
+    pinned, the others only marked `other`. Everything else the walk leaves unnamed is reached
+    by ops alone, like an activation, and the runtime's invariant (every input back before its
+    op; raw reads brought back by teraio/raw_access.py) makes moving it exact.
+    So a storage of kind `other` may move when (1) the walk met it first as an op's output
+    (`made_by_op`): it was made by this thread under the walk, by the op itself or just before
+    it (a deepcopy's storage, met at its set_), never one made by another thread or outside ATen
+    and met first as an input (a DataLoader pin thread's batch, a background checkpoint's
+    staging copy, whose thread may still read it without the walk seeing), or torch.load made it
+    (Note [Storages torch.load made] in teraio_run/budget.py), and (2) no process group is
+    initialized: under torch.distributed the buffers above are `other` too and cannot be told
+    apart, so every `other` stays there (a known limit: an EMA or a snapshot under DDP or FSDP2
+    stays on the device). Pinned, shared, not resizable, unwritten and in-collective storages
+    are refused before this is asked (teraio_run/budget.py, BudgetKeeper.refusal), whatever
+    their kind. The profiler asks the same of each `other` storage of the trace (its column
+    `movable_other`), so that the planner moves what the runtime will (teraio_plan/periods.py):
+    an optimizer of the job's own whose state would otherwise never leave."""
+    from teraio.raw_access import made_by_load
+
+    if not record.made_by_op:
+        storage = record.storage()
+        if storage is None or not made_by_load(storage):
+            return False
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 class WalkListener:
@@ -1070,11 +1111,13 @@ class OpWalk(TorchDispatchMode):
             if record is None:
                 if not create:
                     continue
-                record = self._new_record(key, leaf, storage, func, label or str(index - 1))
+                record = self._new_record(key, leaf, storage, func, label or str(index - 1), label is None)
             records.append(record)
         return records
 
-    def _new_record(self, key, tensor, storage, func, label) -> StorageRecord:
+    def _new_record(self, key, tensor, storage, func, label, made_by_op: bool) -> StorageRecord:
+        """A record for a storage met for the first time, as one of the op's outputs
+        (`made_by_op`) or as its input."""
         owned = self.owners.by_key.get(key)
         if owned is not None:
             tensor_id, kind, _ = owned
@@ -1082,7 +1125,7 @@ class OpWalk(TorchDispatchMode):
             phase = self.phase()
             tensor_id = self._birth_name(func, label, phase)
             kind = Kind.activation if phase == Phase.forward else Kind.other
-        record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration)
+        record = StorageRecord(key, tensor_id, kind, tensor, storage, self.iteration, made_by_op)
         if tensor.is_nested:  # Note [Nested tensors]
             record.kind, record.pinned = Kind.other, True
         self.records[key] = record

@@ -3,7 +3,7 @@
 import numpy as np
 
 from teraio.formats.trace import Trace, live_bytes_per_kernel
-from teraio_plan.periods import find_periods, movable_kinds
+from teraio_plan.periods import find_periods, movable_tensors
 
 # A period's tensor can be away from this many kernels after its start to as many before its end.
 REACH_KERNELS = 2
@@ -33,7 +33,7 @@ def kernel_need_bytes(trace: Trace, headroom_bytes: int) -> tuple[int, int]:
     cannot name: intermediates past their last use), so the planner says `fits: false`."""
     if trace.num_kernels == 0:
         return int(trace.header.untracked_bytes) + int(headroom_bytes), 0
-    movable = np.isin(trace.kind, movable_kinds(trace))
+    movable = movable_tensors(trace)
     need = used_bytes(trace, movable) + live_bytes_per_kernel(trace, ~movable)
     k = int(np.argmax(need))
     return int(need[k]) + int(trace.header.untracked_bytes) + int(headroom_bytes), k

@@ -18,7 +18,7 @@ import numpy as np
 
 from teraio.formats.trace import UNINITIALIZED_OPS, Kind, Trace
 
-# 'other' storages (RNG state, scratch buffers we cannot name stably) are never moved.
+# Storages of kind 'other' move only where the trace says the runtime will let them.
 CANDIDATE_KINDS = (Kind.parameter, Kind.gradient, Kind.optimizer_state, Kind.activation)
 
 
@@ -27,6 +27,18 @@ def movable_kinds(trace: Trace) -> tuple[Kind, ...]:
     if trace.header.gradients_stay_on_device:
         return tuple(k for k in CANDIDATE_KINDS if k != Kind.gradient)
     return CANDIDATE_KINDS
+
+
+def movable_tensors(trace: Trace) -> np.ndarray:
+    """Per tensor, whether a plan may move it: a movable kind, or kind `other` that the runtime
+    moves too (the trace's movable_other: made by an op the walk saw or by torch.load, no process
+    group; Note [Storages the job made] in teraio/walk.py). The state of an optimizer that is not
+    torch.optim's is such a storage: with it kept in place, a hand-written Adam's smallest plan
+    that fits needed its whole state on the device (tests/test_own_optimizer.py)."""
+    movable = np.isin(trace.kind, movable_kinds(trace))
+    if len(trace.movable_other) and trace.header.world_size == 1:  # (a rank's trace: its buffers stay)
+        movable |= (trace.kind == Kind.other) & trace.movable_other
+    return movable
 
 # Offload needs >= 1 kernel, the saved stretch >= 1, the prefetch >= 1: start + 4 <= end.
 MIN_GAP_KERNELS = 4
@@ -77,7 +89,7 @@ def _use_points(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     inter = np.flatnonzero(born >= 0)
     tensor = np.concatenate((tensor, inter))
     kernel = np.concatenate((kernel, born[inter]))
-    keep = np.isin(trace.kind[tensor], movable_kinds(trace)) & _inside_lifetime(trace, tensor, kernel)
+    keep = movable_tensors(trace)[tensor] & _inside_lifetime(trace, tensor, kernel)
     keep &= ~(born_unwritten(trace)[tensor] & (kernel == born[tensor]))  # its birth is no use (module doc)
     return tensor[keep], kernel[keep]
 

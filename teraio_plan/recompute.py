@@ -252,7 +252,7 @@ def with_replays(trace: Trace, chosen: list[Candidate]) -> Trace:
     kernel = np.concatenate((trace.use_kernels, np.asarray([k for _, k in added], dtype=np.int64)))
     writes = np.concatenate((trace.use_writes, np.zeros(len(added), dtype=bool)))
     columns = {name: list(getattr(trace, name)) for name in ("tensor_id", "tensor_name", "dtype", "shape")}
-    arrays = {name: getattr(trace, name).tolist() for name in ("kind", "nbytes", "born", "freed")}
+    arrays = {name: getattr(trace, name).tolist() for name in ("kind", "nbytes", "born", "freed", "movable_other")}
     gaps: dict[int, list[Candidate]] = defaultdict(list)
     for c in chosen:
         gaps[c.tensor].append(c)
@@ -268,7 +268,7 @@ def with_replays(trace: Trace, chosen: list[Candidate]) -> Trace:
             new = len(arrays["nbytes"])
             for name in columns:
                 columns[name].append(columns[name][t])
-            for name in ("kind", "nbytes"):
+            for name in ("kind", "nbytes") + (("movable_other",) if arrays["movable_other"] else ()):
                 arrays[name].append(arrays[name][t])
             arrays["born"].append(c.needed_by)
             arrays["freed"].append(cs[j].offload_after + 1 if j < len(cs) else last_freed)
@@ -278,5 +278,6 @@ def with_replays(trace: Trace, chosen: list[Candidate]) -> Trace:
     return replace(trace, **columns, kind=np.asarray(arrays["kind"], dtype=trace.kind.dtype),
                    nbytes=np.asarray(arrays["nbytes"], dtype=np.int64),
                    born=np.asarray(arrays["born"], dtype=np.int64), freed=np.asarray(arrays["freed"], dtype=np.int64),
+                   movable_other=np.asarray(arrays["movable_other"], dtype=bool),
                    use_offsets=np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
                    use_kernels=kernel[order], use_writes=writes[order])

@@ -97,7 +97,7 @@ import numpy as np
 import torch
 
 from teraio.formats.trace import Kind, live_bytes_per_kernel
-from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes
+from teraio.walk import StorageRecord, WalkListener, cuda_allocated_bytes, movable_other
 
 NOT_FREED = -1
 MAX_SETTLE_ITERATIONS = 4
@@ -569,7 +569,7 @@ class TraceRecorder(WalkListener):
         num_k = self.kernels_in_window
         lives = sorted(self._kept_lives(), key=lambda life: (life.uses[0], life.record.id))
         cols = {key: [] for key in ("id", "name", "kind", "nbytes", "dtype", "shape", "born", "freed")}
-        offsets, uses, writes = [0], [], []
+        offsets, uses, writes, movable = [0], [], [], []
         for life in lives:
             record = life.record
             born, freed = self._lifetime(life, num_k)
@@ -577,10 +577,13 @@ class TraceRecorder(WalkListener):
                                ("nbytes", record.nbytes), ("dtype", record.dtype), ("shape", record.shape),
                                ("born", born), ("freed", freed)):
                 cols[key].append(value)
+            # what the runtime's keeper will move of what the walk could not name
+            movable.append(int(record.kind == Kind.other and not record.pinned and movable_other(record)))
             uses.extend(life.uses)
             writes.extend(int(w) for w in life.writes)
             offsets.append(len(uses))
         cols["use_offsets"], cols["use_kernels"], cols["use_writes"] = offsets, uses, writes
+        cols["movable_other"] = movable
         return cols
 
     def _kept_lives(self):

@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from teraio.formats.trace import Kind
 from teraio.raw_access import made_by_load
-from teraio.walk import OOM_RETRIES, cuda_allocated_bytes
-from teraio_run.metrics import REFUSAL_LABELS
+from teraio.walk import OOM_RETRIES, cuda_allocated_bytes, movable_other
+from teraio_run.metrics import REFUSALS
 from teraio_run.engine import MOVABLE_KINDS
 
 _expired = torch.UntypedStorage._expired   # a storage's liveness by its weak pointer, in C
@@ -41,7 +41,7 @@ def _hold_rng_state_reads(keeper) -> None:
     unallocated ("The tensor has a non-zero number of elements, but its data is not allocated
     yet"). A resumed job's torch.load'ed RNG state is kind `other`, movable as torch.load's
     (Note [Storages torch.load made]), and once the storages the job made moved too (Note
-    [Storages the job made]) the eviction order reached it before the script set it
+    [Storages the job made] in teraio/walk.py) the eviction order reached it before the script set it
     (tests/test_resume.py). So on the CPU (on CUDA the state is a host tensor the walk never
     records, and torch.cuda.set_rng_state clones it with an op first) the call holds its
     storage as a storage copy does (Note [Held for a copy]). Generator.set_state called
@@ -84,8 +84,6 @@ class BudgetKeeper:
         self.grew = False                    # a prefetch or restore since the last budget check
         self._ddp = None                     # whether the model is wrapped in DDP, known at the first gradient
         self.unwritten: set[int] = set()     # storages allocated without a write, not yet an op's input
-        # Note [Storages the job made]: the records of storages first met as an op's output, by key
-        self.made_by_op: dict[int, object] = {}
         self.said_over_budget = False        # Note [Over the budget, said once]
         # Note [Bounding the check]: resident bytes at the last exact count, and the running
         # totals of bytes made and brought back then
@@ -149,10 +147,8 @@ class BudgetKeeper:
         self.unwritten.update(record.key for record in new)
 
     def after_op(self, inputs, new) -> None:
-        recency, made = self.recency, self.made_by_op
+        recency = self.recency
         for record in new:
-            if record.key not in recency:   # first met here, as this op's output
-                made[record.key] = record
             recency[record.key] = None
         if new or self.grew:  # else resident memory cannot have grown since the last check
             self.grew = False
@@ -180,9 +176,8 @@ class BudgetKeeper:
         """Why a storage may not leave the device (movable), or None: one of REFUSALS' keys."""
         if record.pinned:
             return "pinned"
-        if kind not in MOVABLE_KINDS and not (kind == Kind.other and (self._made_by_op(record)
-                                                                      or made_by_load(record.storage()))):
-            return "kind"   # unless an op made it or torch.load did: Notes [Storages the job made], [... torch.load made]
+        if kind not in MOVABLE_KINDS and not (kind == Kind.other and movable_other(record)):
+            return "kind"   # Note [Storages the job made] in teraio/walk.py
         if record.in_collective():
             return "collective"
         if record.key in self.unwritten:
@@ -195,36 +190,6 @@ class BudgetKeeper:
         if kind == Kind.gradient and self._ddp is None:
             self._ddp = self.walk.wrapped_in_ddp()
         return "ddp_gradient" if kind == Kind.gradient and self._ddp else None
-
-    def _made_by_op(self, record) -> bool:
-        """Note [Storages the job made]
-        Kind `other` is what the walk cannot name: a copy the script keeps (copy.deepcopy of the
-        optimizer's state_dict as an in-memory checkpoint, an EMA of the weights that no module
-        of the model holds, timm's ModelEmaV3 before its first forward), module buffers, the
-        step's and the backward's temporaries, and communication buffers. It used to stay on the
-        device whatever the budget: a job keeping two snapshots of its AdamW state went 41% over
-        its budget, one with an EMA 14% over, and the keeper had nothing to evict. What kept
-        `other` in place is the communication buffers (Note [Collective buffers] in
-        teraio/walk.py): DDP's buckets and FSDP2's all-gather and reduce-scatter buffers are read
-        and written by communication threads, where no dispatch mode runs, so a bucket moved out
-        would be written through a dangling pointer; those that a collective took without a Work
-        to wait for are pinned, the others only marked `other`. Everything else the walk leaves
-        unnamed is reached by ops alone, like an activation, and the invariant (every input back
-        before its op; raw reads brought back by teraio/raw_access.py) makes moving it exact.
-        So a storage of kind `other` may move when (1) the walk met it first as an op's output
-        (after_op's `new`, not yet in the LRU order): it was made by this thread under the walk,
-        by the op itself or just before it (a deepcopy's storage, met at its set_), never one
-        made by another thread or outside ATen and met first as an input (a DataLoader pin
-        thread's batch, a background checkpoint's staging copy, whose thread may still read it
-        without the walk seeing), and (2) no process group is initialized: under
-        torch.distributed the buffers above are `other` too and cannot be told apart, so every
-        `other` stays there (a known limit: an EMA or a snapshot under DDP or FSDP2 stays on
-        the device, as before). Pinned, shared, not resizable, unwritten and in-collective
-        storages are still refused first (refusal), whatever their kind. Kept by record, not
-        by key: a key is reused once the walk has dropped a dead record."""
-        if self.made_by_op.get(record.key) is not record:
-            return False
-        return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
     def _own_loaded(self, storage) -> bool:
         """Note [Storages torch.load made]
@@ -392,7 +357,7 @@ class BudgetKeeper:
             if reason is not None:
                 kept[reason] = kept.get(reason, 0) + record.nbytes
         largest = max((r for r in in_use if r.key not in moved), key=lambda r: r.nbytes, default=None)
-        never = ", ".join(f"{REFUSAL_LABELS.get(why, why)} {format_bytes(n)}"
+        never = ", ".join(f"{REFUSALS[why].label} {format_bytes(n)}"
                           for why, n in sorted(kept.items(), key=lambda kv: -kv[1]))
         print(f"teraio: warning: the device holds {format_bytes(resident)}, over its budget of "
               f"{format_bytes(self.budget_bytes)}, after kernel {self.walk.kernel - 1} of iteration "
@@ -447,8 +412,6 @@ class BudgetKeeper:
             record = records.get(key)
             if record is None or record.ref.expired():
                 leaving.append(key)  # freed by the job: it leaves the order too
-                if record is not None and self.made_by_op.get(key) is record:
-                    del self.made_by_op[key]
                 continue
             if key in protected or key in moved or not self.movable(record, record.kind):
                 continue
@@ -487,12 +450,9 @@ class BudgetKeeper:
     def forget(self, dead) -> None:
         """Storages freed by the job (records the walk dropped)."""
         self.engine.forget_dead([r.key for r in dead])
-        made = self.made_by_op
         for record in dead:
             self.recency.pop(record.key, None)
             self.unwritten.discard(record.key)
-            if made.get(record.key) is record:
-                del made[record.key]
 
     # ----- raw reads ------------------------------------------------------------------------
     @contextmanager

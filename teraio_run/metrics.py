@@ -4,29 +4,37 @@ went, and whether the plan was followed: what tells a plan problem from a runtim
 import sys
 import time
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 
-# Note [Refused plan actions]: why the runtime keeps a storage the plan moves (BudgetKeeper.refusal)
+
+class Refusal(NamedTuple):
+    """Note [Refused plan actions]: why the runtime keeps a storage the plan moves."""
+
+    why: str     # the sentence the warning and the report's first_refusal give
+    label: str   # the same in a few words, for a list of what held memory (the over-budget warning)
+
+
+# BudgetKeeper.refusal's reasons (teraio_run/budget.py)
 REFUSALS = {
-    "pinned": "its memory was handed out through a raw pointer (Tensor.numpy, DLPack) or is read raw by "
-              "the framework, so it never moves again",
-    "unwritten": "it was allocated without a write (torch.empty) and no op has taken it yet: its bytes may "
-                 "be filled outside ATen",
-    "collective": "a collective still uses it",
-    "kind": "the runtime never moves storages of its kind",
-    "ddp_gradient": "gradients stay on the device under DistributedDataParallel",
-    "not_resizable": "its memory belongs to whoever made it, not to PyTorch's allocator (torch.from_numpy's "
-                     "array, torch.frombuffer's buffer or a DLPack producer, which may still read or write it), so "
-                     "it cannot be freed; to let it move, give the job its own copy (tensor.clone())",
-    "shared": "it is in shared memory (a batch from a DataLoader worker on the CPU, Module.share_memory(), a "
-              "tensor sent to another process), which other processes may map: it cannot be freed",
+    "pinned": Refusal("its memory was handed out through a raw pointer (Tensor.numpy, DLPack) or is read raw "
+                      "by the framework, so it never moves again", "read through a raw pointer"),
+    "unwritten": Refusal("it was allocated without a write (torch.empty) and no op has taken it yet: its bytes "
+                         "may be filled outside ATen", "allocated, not yet written"),
+    "collective": Refusal("a collective still uses it", "in a collective"),
+    "kind": Refusal("the walk could not name it and did not see an op make it (another thread's or made "
+                    "outside ATen), or a process group is up: such storages never move (Note [Storages the "
+                    "job made] in teraio/walk.py)", "unnamed and not made by an op"),
+    "ddp_gradient": Refusal("gradients stay on the device under DistributedDataParallel", "DDP gradients"),
+    "not_resizable": Refusal("its memory belongs to whoever made it, not to PyTorch's allocator "
+                             "(torch.from_numpy's array, torch.frombuffer's buffer or a DLPack producer, which may "
+                             "still read or write it), so it cannot be freed; to let it move, give the job its own "
+                             "copy (tensor.clone())", "memory not the allocator's"),
+    "shared": Refusal("it is in shared memory (a batch from a DataLoader worker on the CPU, Module.share_memory(), "
+                      "a tensor sent to another process), which other processes may map: it cannot be freed",
+                      "in shared memory"),
 }
-# the same reasons in a few words, for a list of what held memory (BudgetKeeper's over-budget warning)
-REFUSAL_LABELS = {"pinned": "read through a raw pointer", "unwritten": "allocated, not yet written",
-                  "collective": "in a collective", "kind": "of a kind the runtime never moves",
-                  "ddp_gradient": "DDP gradients", "not_resizable": "memory not the allocator's",
-                  "shared": "in shared memory"}
 
 
 class IterationLog:
@@ -71,9 +79,9 @@ class IterationLog:
         self.refused_by_reason[reason] += 1
         if not self.first_refusal:
             self.first_refusal = (f"iteration {self.walk.iteration}, the offload of {entry.tensor} after kernel "
-                                  f"{entry.offload_after}: {REFUSALS[reason]}")
+                                  f"{entry.offload_after}: {REFUSALS[reason].why}")
             print(f"teraio: warning: the plan's offload of {entry.tensor} ({entry.kind}) was refused: "
-                  f"{REFUSALS[reason]}; it stays on the device (training stays exact) and the report counts "
+                  f"{REFUSALS[reason].why}; it stays on the device (training stays exact) and the report counts "
                   "such refusals (refused_actions)", file=sys.stderr)
 
     def end_iteration(self, iteration: int, num_kernels: int, followed_plan: bool, paused_at: int) -> None:

@@ -1,5 +1,5 @@
 """Device tensors the job makes and keeps outside the model and optimizer the walk names (Note
-[Storages the job made] in teraio_run/budget.py): an in-memory checkpoint taken with
+[Storages the job made] in teraio/walk.py): an in-memory checkpoint taken with
 copy.deepcopy(optimizer.state_dict()) and a hand-written EMA of the weights (clones updated with
 torch._foreach_lerp_, no module of the model). Both are kind `other`, which used to stay on the
 device whatever the budget: the snapshots drove the job over it, and the keeper could not evict
@@ -124,6 +124,6 @@ def test_the_over_budget_warning_names_in_words_why_what_stayed_could_not_move(t
     plan = plan_at(tmp_path, load_trace(tmp_path / "t.msgpack"), 0.3)
     proc = ok(teraio("run", "--plan", plan, "--", PYTHON, "held.py", cwd=tmp_path))
     said = next(line for line in proc.stderr.splitlines() if "over its budget" in line)
-    assert "storages that may not move" in said and "(of a kind the runtime never moves" in said, said
+    assert "storages that may not move" in said and "(unnamed and not made by an op" in said, said
     # the summary says by how much, which two sizes rounded alike did not
     assert re.search(r"\(over budget by \d+(\.\d+)? [KM]?i?B\)", " ".join(proc.stderr.split())), proc.stderr

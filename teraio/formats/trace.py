@@ -148,6 +148,10 @@ class TensorTable(Strict):
     use_writes: list[int] = Field(default_factory=list, description="1 where the use wrote the storage in "
                                   "place (the op's schema marks it written), aligned with use_kernels; empty "
                                   "in traces written before it (writes unknown)")
+    movable_other: list[int] = Field(default_factory=list, description="1 where a storage of kind other may "
+                                     "move (an op the walk saw made it, or torch.load did, in a job with no "
+                                     "process group: Note [Storages the job made] in teraio/walk.py), one "
+                                     "per tensor; empty in traces written before it (none may)")
 
 
 class TraceFile(Strict):
@@ -181,6 +185,8 @@ class Trace:
     use_kernels: np.ndarray      # int64, sorted within each tensor
     # bool per use: the op wrote the storage in place; empty in traces written before it
     use_writes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # bool per tensor: kind other that may move anyway; empty in traces written before it
+    movable_other: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # uint32 per kernel, op name + output dtypes and ranks (teraio/walk.py op_structure);
     # empty in traces written before it
     structure: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
@@ -218,7 +224,8 @@ class Trace:
 
 
 JOB_COLUMNS = ("op_names", "kernel_op", "kernel_phase", "signature", "structure", "tensor_id", "tensor_name",
-               "kind", "nbytes", "dtype", "shape", "born", "freed", "use_offsets", "use_kernels", "use_writes")
+               "kind", "nbytes", "dtype", "shape", "born", "freed", "use_offsets", "use_kernels", "use_writes",
+               "movable_other")
 
 
 def signature_digest(signatures) -> str:
@@ -248,6 +255,8 @@ def save_trace(trace_file: TraceFile, path: str | Path) -> None:
             del raw["header"][optional]
     if not raw["tensors"]["use_writes"] and raw["tensors"]["use_kernels"]:  # likewise
         del raw["tensors"]["use_writes"]
+    if not raw["tensors"]["movable_other"]:  # likewise
+        del raw["tensors"]["movable_other"]
     data = msgpack.packb(raw, use_bin_type=True)
     atomic_write_bytes(path, data)
 
@@ -284,6 +293,7 @@ def _columns_to_trace(header: TraceHeader, kernels: dict, tensors: dict) -> Trac
         use_offsets=np.asarray(tensors["use_offsets"], dtype=np.int64),
         use_kernels=np.asarray(tensors["use_kernels"], dtype=np.int64),
         use_writes=np.asarray(tensors.get("use_writes", []), dtype=bool),
+        movable_other=np.asarray(tensors.get("movable_other", []), dtype=bool),
     )
     _check_shapes(trace, num_k, num_t)
     return trace
@@ -301,6 +311,8 @@ def _check_shapes(trace: Trace, num_k: int, num_t: int) -> None:
         raise ValueError("use_offsets does not cover use_kernels")
     if len(trace.use_writes) not in (0, len(trace.use_kernels)):
         raise ValueError("use_writes does not match use_kernels")
+    if len(trace.movable_other) not in (0, num_t):
+        raise ValueError("movable_other disagrees with header.num_tensors")
     if len(trace.use_kernels) and (trace.use_kernels.min() < 0 or trace.use_kernels.max() >= num_k):
         raise ValueError("a tensor use points outside the kernel list")
     if len(trace.kernel_op) and (trace.kernel_op.min() < 0 or trace.kernel_op.max() >= len(trace.op_names)):
@@ -325,7 +337,7 @@ def trace_to_file(trace: Trace) -> TraceFile:
             nbytes=trace.nbytes.tolist(), dtype=trace.dtype, shape=trace.shape,
             born=trace.born.tolist(), freed=trace.freed.tolist(),
             use_offsets=trace.use_offsets.tolist(), use_kernels=trace.use_kernels.tolist(),
-            use_writes=trace.use_writes.astype(int).tolist(),
+            use_writes=trace.use_writes.astype(int).tolist(), movable_other=trace.movable_other.astype(int).tolist(),
         ),
     )
 
