@@ -93,6 +93,10 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
         why = ", ".join(f"{reason} {count}" for reason, count in r.refused_actions_by_reason.items())
         out.print(f"  [yellow]{sum(r.refused_actions_by_reason.values())} plan offloads refused[/] ({why}): those "
                   f"storages stayed on the device; first: {r.first_refusal}")
+    stepped = sum(row.ops_stepped_over for row in r.per_iteration)
+    if stepped:
+        out.print(f"  {stepped} ops the trace lacks (a log line's loss.item(), a logger's mean) were stepped over in "
+                  f"{sum(row.ops_stepped_over > 0 for row in r.per_iteration)} iteration(s), which stayed on plan")
     if r.plan_pauses:
         # the job's tail after its last step (a final save or evaluation) pauses too, in no iteration's row
         tail = r.plan_pauses - sum(row.paused_at_kernel >= 0 for row in r.per_iteration)

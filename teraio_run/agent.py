@@ -78,6 +78,7 @@ from teraio_run.trust import ChunkCheck
 
 # Note [When the plan is followed], Sizes: kinds whose size is the model's, whatever the batch
 SIZED_KINDS = frozenset({Kind.parameter.name, Kind.gradient.name, Kind.optimizer_state.name})
+MAX_STEPPED_OVER = 32   # ops in a row unlike the trace's before the plan pauses (Note [Ops the trace lacks])
 
 
 class RunAgent(WalkListener):
@@ -126,6 +127,8 @@ class RunAgent(WalkListener):
         self.sizes_differ = False                    # refused for good: Note [When the plan is followed], Sizes
         self.plan_pauses = 0
         self.pause_reason = ""   # the first one, for the report
+        self.stepped_over = 0    # ops in a row unlike the plan's next kernel (Note [Ops the trace lacks])
+        self.first_unlike = None  # (kernel, op) of the first of them
         self.log = IterationLog(engine, self.walk, self.keeper)
 
     @property
@@ -183,7 +186,10 @@ class RunAgent(WalkListener):
             if self.expected is None:
                 self._follow_unlearned(k, inputs)
             elif k >= self.num_kernels or signature != self.expected[k]:
-                self._pause(k, func)
+                self._step_over(k, func)
+                k = -1   # no kernel of the plan's: no action
+            elif self.stepped_over:
+                self._back_on_plan()
             if self.following:
                 if k in self.replays_made_at:
                     self._capture(func, inputs, new, self.replays_made_at[k])
@@ -270,6 +276,7 @@ class RunAgent(WalkListener):
         self.following = self.expected is not None or (
             self.chunks is not None and not self.sizes_differ and not self.guard_trips)
         self.paused_at, self.start, self.searching = -1, 0, False
+        self._back_on_plan()
         if self.replay is not None:
             self.replay.drop_pending()
         with _disable_current_modes():
@@ -374,6 +381,34 @@ class RunAgent(WalkListener):
         if self.strict:
             stop_job(PlanMismatchError(reason))
         print(f"teraio: warning: {reason}", file=sys.stderr)
+
+    def _step_over(self, k: int, func) -> None:
+        """Note [Ops the trace lacks]
+        A loop that logs every few steps runs ops there that the traced iteration did not (a
+        log line's loss.item(), the Hugging Face Trainer's mean of its running loss), and they
+        come right after the step: the next iteration's first op differed from the trace's, and
+        the whole iteration ran unplanned (a fifth of a Trainer's iterations with
+        logging_steps=5). So an op unlike the plan's kernel k is stepped over: it is no kernel
+        of the plan's (the iteration's op that is the plan's kernel 0 moves one on), no action
+        is taken after it, and the next op is compared with kernel k again. The prefetches
+        before kernel k were started before the op was known (they are what kernel k needs, and
+        starting them again is a no-op). The plan is back once an op matches; after
+        MAX_STEPPED_OVER such ops in a row it pauses at kernel k, naming the first of them, as
+        before (evaluation, another branch: a stream that does not come back). Every op is
+        still made exact by its inputs being resident first, and the keeper holds the cap, so
+        an op stepped over that happens to match a later kernel costs movement, not exactness.
+        The iteration's row counts them (ops_stepped_over)."""
+        if not self.stepped_over:
+            self.first_unlike = (k, func)
+        self.stepped_over += 1
+        if self.stepped_over > MAX_STEPPED_OVER:
+            self._pause(*self.first_unlike)
+            return
+        self.start += 1
+        self.log.counts["ops_stepped_over"] += 1
+
+    def _back_on_plan(self) -> None:
+        self.stepped_over, self.first_unlike = 0, None
 
     def _pause(self, k: int, func) -> None:
         """Stop following the plan for the rest of this iteration (Note [When the plan is followed])."""
