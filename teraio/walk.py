@@ -728,7 +728,7 @@ class OpWalk(TorchDispatchMode):
 
         self._handles = [
             register_module_forward_pre_hook(self._module_enter),
-            register_module_forward_hook(self._module_exit),
+            register_module_forward_hook(self._module_exit, always_call=True),   # Note [Scopes left by an exception]
             register_optimizer_step_pre_hook(self._optimizer_enter),
             register_optimizer_step_post_hook(self._optimizer_exit),
         ]
@@ -750,6 +750,12 @@ class OpWalk(TorchDispatchMode):
         return entry[0] if entry is not None and entry[1]() is module else None
 
     def _module_exit(self, module, args, output):
+        """Note [Scopes left by an exception]: called also when the module's forward raised
+        (always_call). A non-reentrant torch.utils.checkpoint stops its recompute inside the
+        backward by raising once it has made what the backward needs, out of the modules it was
+        in: their scopes stayed open, and the ops after them were named and phased as that
+        module's forward (a T5's loss gradient `...layer.1.dropout/nll_loss_backward.0#0`, the
+        next step's loss ops taken for forward ones, their outputs activations)."""
         if self.scope:
             self.scope.pop()
         fsdp_module = _fsdp_module_class()

@@ -6,10 +6,11 @@ import subprocess
 
 import pytest
 
-from teraio.formats.trace import Kind, load_trace
+from teraio.formats.trace import Kind, Phase, load_trace
 from teraio.walk import OpWalk, WalkListener, activate, deactivate, op_signatures
 from teraio_profile.recorder import IMMORTAL_KINDS, NOT_FREED, TraceRecorder
 from cli_helpers import EXAMPLE, PYTHON, ok, one_line_error, teraio
+from test_clients import CLIENTS
 
 EXAMPLE_ARGS = ("--device", "cpu", "--steps", "6")
 
@@ -82,6 +83,21 @@ def test_two_rank_torchrun_writes_a_trace_per_rank(tmp_path):
 
 
 # ----- bad input: one line, an exit code, no traceback, nothing half-written -------------------
+
+def test_backward_ops_after_a_checkpoints_recompute_are_named_as_backward(tmp_path):
+    """Note [Scopes left by an exception] in teraio/walk.py: a non-reentrant checkpoint stops its
+    recompute by raising, past the module hooks that close a scope, and a T5 trial read the loss's
+    gradient as `encoder.block.0.layer.1.dropout/nll_loss_backward.0#0`; the loss's own ops were
+    taken for forward ones (their outputs activations)."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "checkpointed_blocks.py",
+              cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    made_by_backward = [trace.tensor_id[t] for t in range(trace.num_tensors)
+                        if trace.born[t] >= 0 and "backward" in trace.op_name(int(trace.born[t]))]
+    assert made_by_backward and all(name.startswith("bwd/") for name in made_by_backward), made_by_backward
+    loss = [k for k in range(trace.num_kernels) if trace.op_name(k) == "nll_loss_forward"]
+    assert loss and all(trace.kernel_phase[k] == Phase.other for k in loss)
+
 
 def test_missing_script(tmp_path):
     assert "does not exist" in one_line_error(teraio("profile", "nope.py", cwd=tmp_path), 2)
