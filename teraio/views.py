@@ -74,8 +74,8 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
     planned_evictions = sum(row.evictions for row in r.per_iteration if row.followed_plan)
     if planned_evictions and not r.plan_fits:
         out.print(f"  [yellow]{planned_evictions} on-demand evictions in planned iterations[/]: the plan itself did "
-                  "not fit the budget (teraio plan said so), and the runtime kept the cap by evicting; plan with a "
-                  "host pool (--host-mem), SSDs or a larger --gpu-mem for one that fits")
+                  "not fit the budget (teraio plan said so, and what would make one fit), and the runtime kept the cap "
+                  "by evicting")
     elif planned_evictions:
         out.print(f"  [yellow]{planned_evictions} on-demand evictions in planned iterations[/]: they held more than "
                   "the plan allowed for (a batch longer than any profiled one, a plan at the budget's edge); "

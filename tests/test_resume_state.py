@@ -1,7 +1,8 @@
 """A job that saves its state mid-run and loads it back in the same process
 (tests/clients/reload_midrun.py: torch.save / torch.load / load_state_dict, or accelerate's
-save_state / load_state). The iteration that saves and the one that loads pause the plan at
-their first op (torch.save's detach, torch.load's lift_fresh: ops the trace never ran); every
+save_state / load_state). The iteration that saves and the one that loads meet ops the trace
+never ran at their start (torch.save's detach, torch.load's lift_fresh): the plan steps over
+them, or pauses where they are many (Note [Ops the trace lacks] in teraio_run/agent.py); every
 later one runs the traced ops on the loaded tensors and follows the plan again, every planned
 offload finding its tensor, and the losses are the plain run's bit for bit. A user's trial
 (accelerate, load_state one step before the data ran out) read "never resumed" into this.
@@ -28,7 +29,7 @@ def test_the_plan_is_followed_again_after_a_job_loads_its_state(tmp_path, mode):
     rows = {row.iteration: row for row in report.per_iteration}
     assert len(rows) == STEPS and report.guard_trips == 0
     # the save's ops and the load's open the iterations after the steps that make them
-    assert rows[SAVE_AT + 1].paused_at_kernel >= 0 and rows[LOAD_AT + 1].paused_at_kernel >= 0
+    assert all(rows[i].ops_stepped_over > 0 or rows[i].paused_at_kernel >= 0 for i in (SAVE_AT + 1, LOAD_AT + 1))
     # accelerate's DataLoader fetches a batch ahead: the last micro-batch of the run finds the
     # data at its end, without the fetch ops the trace has there, and pauses the last iteration
     last = STEPS - 1 if mode else STEPS

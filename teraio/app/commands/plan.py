@@ -191,7 +191,8 @@ def _print_summary(s: dict) -> None:
 
 
 def _misfit(s: dict) -> str:
-    return (f"over budget at {s['over_budget_kernels']} kernels, worst at kernel {s['worst_kernel']} "
+    kernels = s['over_budget_kernels']
+    return (f"over budget at {kernels} kernel{'s' if kernels != 1 else ''}, worst at kernel {s['worst_kernel']} "
             f"({s['worst_op']}) by {format_bytes(s['max_excess_bytes'])}; {_fit_advice(s)}")
 
 
