@@ -78,7 +78,7 @@ from teraio_run.trust import ChunkCheck
 
 # Note [When the plan is followed], Sizes: kinds whose size is the model's, whatever the batch
 SIZED_KINDS = frozenset({Kind.parameter.name, Kind.gradient.name, Kind.optimizer_state.name})
-MAX_STEPPED_OVER = 32   # ops in a row unlike the trace's before the plan pauses (Note [Ops the trace lacks])
+MAX_STEPPED_OVER = 16   # ops unlike the trace's an iteration steps over, at most (Note [Ops the trace lacks])
 
 
 class RunAgent(WalkListener):
@@ -127,8 +127,8 @@ class RunAgent(WalkListener):
         self.sizes_differ = False                    # refused for good: Note [When the plan is followed], Sizes
         self.plan_pauses = 0
         self.pause_reason = ""   # the first one, for the report
-        self.stepped_over = 0    # ops in a row unlike the plan's next kernel (Note [Ops the trace lacks])
-        self.first_unlike = None  # (kernel, op) of the first of them
+        self.stepped_over = 0    # ops unlike the trace's this iteration stepped over (Note [Ops the trace lacks])
+        self.off_plan = False    # the last op was one of them
         self.log = IterationLog(engine, self.walk, self.keeper)
 
     @property
@@ -139,7 +139,7 @@ class RunAgent(WalkListener):
     def before_op(self, k, func, inputs):
         if self.replay is not None and self.replay.dependents and written_arguments(func):
             self._replay_before_write(inputs)
-        if self.following and k - self.start in self.prefetches_at:  # first: a replay planned here is no late prefetch
+        if self.following and not self.off_plan and k - self.start in self.prefetches_at:  # first: a replay planned here is no late prefetch
             self._start_prefetches(k - self.start)
         self.keeper.restore_inputs(inputs, "late_prefetch" if self.following else "unplanned")
 
@@ -188,8 +188,8 @@ class RunAgent(WalkListener):
             elif k >= self.num_kernels or signature != self.expected[k]:
                 self._step_over(k, func)
                 k = -1   # no kernel of the plan's: no action
-            elif self.stepped_over:
-                self._back_on_plan()
+            else:
+                self.off_plan = False
             if self.following:
                 if k in self.replays_made_at:
                     self._capture(func, inputs, new, self.replays_made_at[k])
@@ -276,7 +276,7 @@ class RunAgent(WalkListener):
         self.following = self.expected is not None or (
             self.chunks is not None and not self.sizes_differ and not self.guard_trips)
         self.paused_at, self.start, self.searching = -1, 0, False
-        self._back_on_plan()
+        self.stepped_over, self.off_plan = 0, False
         if self.replay is not None:
             self.replay.drop_pending()
         with _disable_current_modes():
@@ -388,27 +388,26 @@ class RunAgent(WalkListener):
         log line's loss.item(), the Hugging Face Trainer's mean of its running loss), and they
         come right after the step: the next iteration's first op differed from the trace's, and
         the whole iteration ran unplanned (a fifth of a Trainer's iterations with
-        logging_steps=5). So an op unlike the plan's kernel k is stepped over: it is no kernel
-        of the plan's (the iteration's op that is the plan's kernel 0 moves one on), no action
-        is taken after it, and the next op is compared with kernel k again. The prefetches
-        before kernel k were started before the op was known (they are what kernel k needs, and
-        starting them again is a no-op). The plan is back once an op matches; after
-        MAX_STEPPED_OVER such ops in a row it pauses at kernel k, naming the first of them, as
-        before (evaluation, another branch: a stream that does not come back). Every op is
-        still made exact by its inputs being resident first, and the keeper holds the cap, so
-        an op stepped over that happens to match a later kernel costs movement, not exactness.
-        The iteration's row counts them (ops_stepped_over)."""
-        if not self.stepped_over:
-            self.first_unlike = (k, func)
+        logging_steps=5). Such ops make scalars or nothing: an op unlike the plan's kernel k
+        whose outputs hold at most one element each is stepped over. It is no kernel of the
+        plan's (the iteration's op that is the plan's kernel 0 moves one on), no action is taken
+        after it, and the next op is compared with kernel k again; the plan is back once one
+        matches. The prefetches before kernel k were started before the op was known (what
+        kernel k needs; starting them again is a no-op) and are not started again while the
+        plan is off. An op that makes a larger tensor (an evaluation's forward, a save's detach
+        of each weight, another branch), or more than MAX_STEPPED_OVER ops in an iteration,
+        pause the plan for the rest of the iteration as before, at the first op unlike the
+        trace's: a stretch of such ops could match the trace's kernels by chance and move
+        tensors the iteration does not need. Every op is still made exact by its inputs being
+        resident first, and the keeper holds the cap. The iteration's row counts the ops
+        stepped over (ops_stepped_over)."""
         self.stepped_over += 1
-        if self.stepped_over > MAX_STEPPED_OVER:
-            self._pause(*self.first_unlike)
+        if self.stepped_over > MAX_STEPPED_OVER or not _makes_scalars(self.walk.last_call[2]):
+            self._pause(k, func)
             return
         self.start += 1
+        self.off_plan = True
         self.log.counts["ops_stepped_over"] += 1
-
-    def _back_on_plan(self) -> None:
-        self.stepped_over, self.first_unlike = 0, None
 
     def _pause(self, k: int, func) -> None:
         """Stop following the plan for the rest of this iteration (Note [When the plan is followed])."""
@@ -455,6 +454,11 @@ class RunAgent(WalkListener):
     def held_for_copy(self, storage):
         """A storage's clone or cpu copy (teraio/raw_access.py): BudgetKeeper.held_for_copy."""
         return self.keeper.held_for_copy(storage)
+
+
+def _makes_scalars(out_tensors) -> bool:
+    """Whether an op's outputs hold at most one element each (Note [Ops the trace lacks])."""
+    return all(t.numel() <= 1 for t in out_tensors)
 
 
 def _sized_entries(plan: Plan) -> dict[str, tuple[str, int]]:

@@ -52,7 +52,7 @@ class IterationRow(Strict):
     paused_at_kernel: int = Field(-1, description="the kernel where an op unlike the trace's paused the plan "
                                   "for the rest of the iteration (-1: not paused)")
     ops_stepped_over: int = Field(0, description="ops unlike the trace's that the plan stepped over and then "
-                                  "came back to it (a log line's loss.item()): Note [Ops the trace lacks] in "
+                                  "came back to it (ops that make scalars: a log line's loss.item()): Note [Ops the trace lacks] in "
                                   "teraio_run/agent.py")
     replay_fallbacks: int = Field(0, description="recompute entries moved to the host pool instead: the op's call "
                                   "was not captured, or it or an input was written since (teraio_run/replay.py)")
