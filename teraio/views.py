@@ -93,10 +93,14 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
         why = ", ".join(f"{reason} {count}" for reason, count in r.refused_actions_by_reason.items())
         out.print(f"  [yellow]{sum(r.refused_actions_by_reason.values())} plan offloads refused[/] ({why}): those "
                   f"storages stayed on the device; first: {r.first_refusal}")
-    stepped = sum(row.ops_stepped_over for row in r.per_iteration)
-    if stepped:
-        out.print(f"  {stepped} ops the trace lacks (a log line's loss.item(), a logger's mean) were stepped over in "
-                  f"{sum(row.ops_stepped_over > 0 for row in r.per_iteration)} iteration(s), which stayed on plan")
+    realigned = [row for row in r.per_iteration if row.ops_stepped_over or row.kernels_absent]
+    if realigned:
+        parts = ([f"{sum(row.ops_stepped_over for row in realigned)} ops the trace lacks (a log line's loss.item(), "
+                  "a logger's mean) were stepped over"] if any(row.ops_stepped_over for row in realigned) else []) + \
+                ([f"{sum(row.kernels_absent for row in realigned)} of its kernels were absent (a slice of a whole "
+                  "dimension makes no op)"] if any(row.kernels_absent for row in realigned) else [])
+        out.print(f"  {' and '.join(parts)} in {len(realigned)} iteration(s), "
+                  f"{sum(row.followed_plan for row in realigned)} of which then followed the plan to their end")
     if r.plan_pauses:
         # the job's tail after its last step (a final save or evaluation) pauses too, in no iteration's row
         tail = r.plan_pauses - sum(row.paused_at_kernel >= 0 for row in r.per_iteration)

@@ -57,7 +57,7 @@ class IterationLog:
         self.iteration_s: list[float] = []
         self.rows: list[dict] = []
         self.counts = {"planned_offloads": 0, "plan_ids_missing": 0, "replay_fallbacks": 0,
-                       "refused_actions": 0, "ops_stepped_over": 0}  # this iteration's
+                       "refused_actions": 0, "ops_stepped_over": 0, "kernels_absent": 0}  # this iteration's
         self.refused_by_reason: Counter = Counter()   # the run's (Note [Refused plan actions])
         self.first_refusal = ""
         self.first_missing = ""   # the first plan action that found no tensor of its name

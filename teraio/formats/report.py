@@ -54,6 +54,8 @@ class IterationRow(Strict):
     ops_stepped_over: int = Field(0, description="ops unlike the trace's that the plan stepped over and then "
                                   "came back to it (ops that make scalars: a log line's loss.item()): Note [Ops the trace lacks] in "
                                   "teraio_run/agent.py")
+    kernels_absent: int = Field(0, description="kernels of the trace this iteration lacked, the plan going on from "
+                                "the next (a slice PyTorch makes no op for: Note [Ops the trace lacks])")
     replay_fallbacks: int = Field(0, description="recompute entries moved to the host pool instead: the op's call "
                                   "was not captured, or it or an input was written since (teraio_run/replay.py)")
     replay_ms: float = Field(0.0, description="host time replaying ops for recompute entries, re-allocating their "
