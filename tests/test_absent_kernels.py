@@ -4,21 +4,11 @@ slice op for a full-width sample): they left the plan at that kernel, 17 of 30 i
 Faster R-CNN in a user's trial. The plan goes on from the next kernel (Note [Ops the trace
 lacks] in teraio_run/agent.py)."""
 
-import json
-
-from cli_helpers import PYTHON, ok, teraio
-from runtime_helpers import plan_at_half_peak
-from test_clients import CLIENTS, run_plain, run_planned
-
-SCRIPT = "padded_batches.py"
+from test_clients import planned_json_like_plain
 
 
 def test_an_iteration_without_a_whole_width_slice_stays_on_plan(tmp_path):
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / SCRIPT, cwd=tmp_path))
-    plan, budget = plan_at_half_peak(tmp_path / "t.msgpack", "teraio-plan", tmp_path)
-    run_plain(tmp_path, SCRIPT, "--out", "plain.json")
-    proc, report = run_planned(tmp_path, plan, SCRIPT, "--out", "planned.json")
-    assert json.load(open(tmp_path / "planned.json")) == json.load(open(tmp_path / "plain.json"))
+    proc, report, budget = planned_json_like_plain(tmp_path, "padded_batches.py")
     full_width = [row for row in report.per_iteration if row.iteration % 3 == 2]
     assert full_width and all(row.kernels_absent == 1 and row.followed_plan for row in full_width)
     assert report.plan_pauses == 0 and all(row.followed_plan for row in report.per_iteration[1:])

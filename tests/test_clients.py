@@ -43,6 +43,20 @@ def run_planned(tmp_path, plan: Path, script: str, *args):
     return proc, load_report(tmp_path / "run.json")
 
 
+def planned_json_like_plain(tmp_path, script: str) -> tuple:
+    """SCRIPT profiled, planned by `teraio plan` at half its traced peak, and run plainly and under
+    the plan, each writing JSON to --out: the two files are the same. The planned run's stderr,
+    report and budget."""
+    from runtime_helpers import plan_at_half_peak
+
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / script, cwd=tmp_path))
+    plan, budget = plan_at_half_peak(tmp_path / "t.msgpack", "teraio-plan", tmp_path)
+    run_plain(tmp_path, script, "--out", "plain.json")
+    proc, report = run_planned(tmp_path, plan, script, "--out", "planned.json")
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    return proc, report, budget
+
+
 def run_plain(tmp_path, script: str, *args) -> None:
     subprocess.run([sys.executable, str(CLIENTS / script), *map(str, args)], cwd=tmp_path, check=True,
                    capture_output=True, env=dict(os.environ, **CPU_ENV))
