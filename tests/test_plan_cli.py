@@ -216,4 +216,18 @@ def test_inspect_marks_the_kernels_of_an_entry_away_across_the_iteration_boundar
     assert entry.wraps and entry.prefetch_at < entry.offload_after
     shown = CliRunner().invoke(cli, ["inspect", str(tmp_path / "p.json")], terminal_width=200).output
     row = next(line for line in shown.splitlines() if "│" in line and line.split("│")[1].strip() == "w")
-    assert f"{entry.prefetch_at} (next iteration)" in row and f"{entry.needed_by} (next iteration)" in row, shown
+    assert f"{entry.prefetch_at} (next)" in row and f"{entry.needed_by} (next)" in row, shown
+    assert "(next): a kernel of the next iteration" in shown
+
+
+def test_inspect_at_80_columns_folds_long_names_in_pieces_that_read(tmp_path):
+    """Piped, a Faster R-CNN's entries read three letters a line: the kernel columns, each with
+    its "(next iteration)", took the width."""
+    name = "backbone.body.features.12.block.1.0.weight"
+    trace = make_trace([10.0] * 100, [T(name, GiB, [40, 60]),
+                                      T("x", GiB, list(range(0, 20)), Kind.activation, born=0, freed=20)])
+    path = write_trace(tmp_path / "t.msgpack", trace)
+    assert run("plan", path, "--gpu-mem", "1.5GiB", "--ssds", 0, "--host-mem", "4GiB", "-o", tmp_path / "p.json").exit_code == 0
+    shown = CliRunner().invoke(cli, ["inspect", str(tmp_path / "p.json")], terminal_width=80).output
+    first = next(line for line in shown.splitlines() if "│" in line and name.startswith(line.split("│")[1].strip() or "-"))
+    assert len(first.split("│")[1].strip()) >= 16, shown

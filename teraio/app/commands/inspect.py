@@ -145,10 +145,10 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
                   "instead of moved")
     table = Table("tensor", "tier", "size", "out after", "back at", "needed by",
                   title=f"Largest of {len(plan.entries)} entries (each one's reason is in the file)",
-                  title_justify="left")
+                  caption="(next): a kernel of the next iteration", caption_justify="left", title_justify="left")
     table.columns[0].overflow = "fold"
     for column in table.columns[3:]:
-        column.no_wrap = True   # a kernel and its "(next iteration)" on one line: the name folds instead
+        column.no_wrap = True   # a kernel and its "(next)" on one line; a long name folds instead
     largest = sorted(plan.entries, key=lambda e: (-e.nbytes, e.offload_after))[:max_rows]
     for entry in largest:
         table.add_row(entry.name, tier_label(entry), format_bytes(entry.nbytes),
@@ -161,7 +161,7 @@ def _print_plan(path, out: Console, max_rows: int = 20) -> None:
 def _back(entry) -> tuple[str, str]:
     """Its "back at" and "needed by" kernels, marked where they are the next iteration's (an
     entry away across the iteration boundary: out after 304, back at 300 read as a typo)."""
-    nxt = " (next iteration)" if entry.wraps else ""
+    nxt = " (next)" if entry.wraps else ""
     return f"{entry.prefetch_at}{nxt}", f"{entry.needed_by}{nxt}"
 
 
