@@ -41,11 +41,15 @@ def _run_both_ways(tmp_path, plan_path, mode: str):
 
 def _assert_every_entry_followed(report, plan) -> None:
     """Every planned iteration finds each entry's tensor and moves it out (planned_offloads counts
-    the offloads the engine did), as in the plain loop."""
+    the offloads the engine did), as in the plain loop. The batches, made before the loop and
+    used in turn, are kind `other` and planned too: an entry names the one the traced iteration
+    used, which in another iteration is still back from the plan's prefetch for its next use
+    (unused, so not offloaded again)."""
     planned = [row for row in report.per_iteration if row.followed_plan]
     assert len(planned) >= 5, report.pause_reason or report.guard_reason
     assert [row.plan_ids_missing for row in planned] == [0] * len(planned)
-    assert all(row.planned_offloads == len(plan.entries) for row in planned), \
+    named = sum(entry.kind != "other" for entry in plan.entries)
+    assert all(named <= row.planned_offloads <= len(plan.entries) for row in planned), \
         [(row.planned_offloads, len(plan.entries)) for row in planned]
 
 
