@@ -10,9 +10,10 @@ is the profiled one, so a guard checks every op against the trace's kernel at it
   signatures are the trace's. Until then the job runs unplanned, or, with a plan that carries
   chunk digests, follows it on trust (Note [Following before learning] in teraio_run/trust.py).
 - Following: every iteration after that starts on the plan, and each op's signature is
-  compared with the learned one at its index (an integer compare). At the first difference,
-  or an op past the trace's end, the plan pauses for the rest of that iteration: nothing more
-  is offloaded by it, what it moved out comes back on use. Ops after the last step,
+  compared with the learned one at its index (an integer compare). A difference that is a
+  few ops making scalars, or one kernel the iteration lacks, is stepped over (Note [Ops the
+  trace lacks]); at any other, or an op past the trace's end, the plan pauses for the rest of
+  that iteration: nothing more is offloaded by it, what it moved out comes back on use. Ops after the last step,
   evaluation passes, logging and saving therefore run unplanned; the report counts these
   pauses (plan_pauses) apart from guard trips (the profiled iteration never matched: a plan
   made for another job).
@@ -383,20 +384,9 @@ class RunAgent(WalkListener):
 
     def _realign(self, k: int, func, signature: int) -> int:
         """This op is not the plan's kernel k: the kernel it is (k + 1 where the iteration lacks
-        kernel k), or -1 where it is none of the plan's (Note [Ops the trace lacks])."""
-        if k + 1 < self.num_kernels and signature == self.expected[k + 1] and self.stepped_over < MAX_STEPPED_OVER:
-            self.stepped_over += 1
-            self.start -= 1
-            self.off_plan = False
-            self.log.counts["kernels_absent"] += 1
-            if k in self.offloads_after and not self.keeper.holds:  # what kernel k would have let go
-                self._offload_planned(k)
-            return k + 1
-        self._step_over(k, func)
-        return -1
+        kernel k), or -1 where it is none of the plan's.
 
-    def _step_over(self, k: int, func) -> None:
-        """Note [Ops the trace lacks]
+        Note [Ops the trace lacks]
         A loop that logs every few steps runs ops there that the traced iteration did not (a
         log line's loss.item(), the Hugging Face Trainer's mean of its running loss), and they
         come right after the step: the next iteration's first op differed from the trace's, and
@@ -421,6 +411,20 @@ class RunAgent(WalkListener):
         the plan there. So an op unlike kernel k that is the trace's kernel k + 1 is taken for
         it: kernel k is absent, its offloads are done now, and the plan goes on from k + 1
         (counted in kernels_absent, and against MAX_STEPPED_OVER with the ops stepped over)."""
+        if k + 1 < self.num_kernels and signature == self.expected[k + 1] and self.stepped_over < MAX_STEPPED_OVER:
+            self.stepped_over += 1
+            self.start -= 1
+            self.off_plan = False
+            self.log.counts["kernels_absent"] += 1
+            if k in self.offloads_after and not self.keeper.holds:  # what kernel k would have let go
+                self._offload_planned(k)
+            return k + 1
+        self._step_over(k, func)
+        return -1
+
+    def _step_over(self, k: int, func) -> None:
+        """An op of none of the plan's kernels: stepped over, or the plan pauses (Note [Ops the
+        trace lacks])."""
         self.stepped_over += 1
         if self.stepped_over > MAX_STEPPED_OVER or not _makes_scalars(self.walk.last_call[2]):
             self._pause(k, func)
