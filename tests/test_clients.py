@@ -58,8 +58,9 @@ def planned_json_like_plain(tmp_path, script: str) -> tuple:
 
 
 def run_plain(tmp_path, script: str, *args) -> None:
-    subprocess.run([sys.executable, str(CLIENTS / script), *map(str, args)], cwd=tmp_path, check=True,
-                   capture_output=True, env=dict(os.environ, **CPU_ENV))
+    proc = subprocess.run([sys.executable, str(CLIENTS / script), *map(str, args)], cwd=tmp_path,
+                          capture_output=True, text=True, env=dict(os.environ, **CPU_ENV))
+    assert proc.returncode == 0, f"the plain run exited {proc.returncode}:\n{proc.stderr[-3000:]}"
 
 
 def assert_same_safetensors(a: Path, b: Path) -> None:

@@ -35,8 +35,9 @@ def work(tmp_path_factory):
     # Right after the profile the plain run exited 1 in 1 of 13 tries on the shared 2-core box
     # (and in two full runs there), its stderr not kept: a port still held is the likely cause.
     plain = ("torchrun", "--standalone", *TORCHRUN[1:])
-    subprocess.run([*plain, "--losses-out", "plain.json", "--state-out", "plain.pt"], cwd=tmp, check=True,
-                   capture_output=True, env=dict(os.environ, **CPU_ENV), timeout=300)
+    proc = subprocess.run([*plain, "--losses-out", "plain.json", "--state-out", "plain.pt"], cwd=tmp,
+                          capture_output=True, text=True, env=dict(os.environ, **CPU_ENV), timeout=300)
+    assert proc.returncode == 0, f"the plain run exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return tmp
 
 
