@@ -370,6 +370,30 @@ class RunAgent(WalkListener):
             stop_job(PlanMismatchError(reason))
         self._trip(reason)
 
+    def never_learned(self) -> str | None:
+        """At the job's end: why the plan was never followed, where no iteration ran the traced
+        ops and nothing said so yet (None otherwise).
+
+        The guard refuses a plan at the job's iteration of the trace's index
+        (steady_from_iteration) only, since earlier ones may rightly differ (setup, an
+        optimizer's first step making its state). A job that ends before that index, with a
+        plan of its own or of another job, was never told: a 3-step job under the plan of
+        another model exited 0 under --strict, its summary calling its iterations "the job's
+        first". So the end says it, once, as a guard trip (the report's guard_reason), and
+        --strict fails the job after its report is written (teraio_run/report.py, finish). A plan
+        that moves nothing is not one to follow: nothing is said."""
+        if self.expected is not None or self.guard_trips or not self.log.rows or not self.plan.entries:
+            return None
+        ref = self.plan.header.trace
+        kernels = sorted({row["kernels"] for row in self.log.rows})
+        shown = ", ".join(f"{n:,}" for n in kernels[:4]) + (", ..." if len(kernels) > 4 else "")
+        reason = (f"no iteration of this job ran the plan's traced ops: the plan was profiled at iteration "
+                  f"{ref.steady_from_iteration} ({ref.num_kernels:,} kernels) and this job ran "
+                  f"{len(self.log.rows)} iteration(s) of {shown} kernels, so it was never followed; "
+                  f"run more than {ref.steady_from_iteration} iterations, or re-profile and re-plan this job")
+        self.guard_trips, self.guard_reason = 1, reason
+        return reason
+
     def _check_device(self) -> None:
         """A job that computes on another GPU than the one set up would run uncapped, its
         copies ordered on its compute stream and timed on an idle one."""

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from teraio import __version__, compile_guard
+from teraio.errors import PlanMismatchError
 from teraio.formats.common import Producer
 from teraio.formats.report import ReportHeader, RunReport, save_report, steady_iterations
 from teraio.settings import rank_path
@@ -96,6 +97,10 @@ def _peak_bytes(agent) -> int:
 
 def finish(agent, context) -> None:
     """At exit: print the report's summary, write the report, remove the swap folders."""
+    never_learned = agent.never_learned()
+    if never_learned:
+        said = "error: {}; failing the job (--strict)" if context.settings.strict else "warning: {}"
+        print("teraio: " + said.format(never_learned), file=sys.stderr)
     try:
         if agent.log.iteration_s or agent.engine.stats.io_errors:  # a failure is worth a report at any time
             report = build_report(agent, context)
@@ -110,8 +115,12 @@ def finish(agent, context) -> None:
     finally:
         context.threads.shutdown(wait=True)
         remove_run_dirs(context)
-    if agent.engine.stats.lost_tensors and getattr(sys, "last_value", None) is None:
+    if getattr(sys, "last_value", None) is not None:
+        return   # the job failed on its own: its status stands
+    if agent.engine.stats.lost_tensors:
         _exit_failed()
+    if never_learned and context.settings.strict:
+        _exit_failed(PlanMismatchError.exit_code)
 
 
 CALIBRATE_HINT_OVER = 1.1   # measured past the prediction by this factor: say how to predict better
@@ -143,10 +152,11 @@ def _print_summary(report, calibrate_hint: str = "") -> None:
         pass
 
 
-def _exit_failed() -> None:
+def _exit_failed(code: int = 1) -> None:
     """Note [Lost swap files] (teraio_run/engine.py): the script caught the error and ended
-    normally, but trained on after losing bytes; its status must not say success. Python sets
-    sys.last_value for an uncaught error, which exits with 1 by itself."""
+    normally, but trained on after losing bytes; its status must not say success (nor, under
+    --strict, that of a job that never followed its plan). Python sets sys.last_value for an
+    uncaught error, which exits with 1 by itself. At exit, only os._exit changes the status."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(code)

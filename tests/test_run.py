@@ -180,6 +180,24 @@ def test_plan_of_another_job_is_refused_and_training_stays_correct(work, tmp_pat
     assert len(said) == 1 and "stopping the job (--strict)" in said[0]
 
 
+def test_a_job_that_ends_before_the_traced_iteration_is_told_the_plan_was_never_followed(work, tmp_path):
+    """The guard checks a plan at the trace's iteration index; a job that ends sooner is told
+    at its end, once, and --strict fails it (after its report is written)."""
+    trace = load_trace(work / "trace.msgpack")
+    save_plan(every_period_plan(trace, peak_bytes(trace) // 2), tmp_path / "plan.json")
+    short = ("--device", "cpu", "--steps", "1", "--accum", "2", "--clip", "0.5")   # iteration 0: setup too
+    for strict, code in (((), 0), (("--strict",), 6)):
+        report = tmp_path / f"run{code}.json"
+        proc = teraio("run", "--plan", tmp_path / "plan.json", "--report", report, *strict, "--", PYTHON, EXAMPLE,
+                      *short, cwd=tmp_path)
+        assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr
+        said = [line for line in proc.stderr.splitlines() if line.startswith("teraio: ") and "never followed" in line]
+        assert len(said) == 1 and f"profiled at iteration {trace.header.warmup_iterations}" in said[0], proc.stderr
+        assert said[0].startswith("teraio: error" if strict else "teraio: warning")
+        run = load_report(report)
+        assert run.iterations_on_plan == 0 and run.guard_trips == 1 and "never followed" in run.guard_reason
+
+
 def test_swap_folders_are_removed_and_stale_ones_cleaned(work, tmp_path):
     stale = tmp_path / "ssd" / "teraio-999999-r0"  # a run killed earlier: its pid is gone
     stale.mkdir(parents=True)
