@@ -27,7 +27,13 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
     if calibrate_hint:
         out.print(f"  {calibrate_hint}")
-    if r.budget_bytes and r.peak_device_bytes > r.budget_bytes:
+    in_iterations = max((row.resident_peak_bytes for row in r.per_iteration), default=0)
+    if r.budget_bytes and r.peak_in_saves_bytes > r.budget_bytes >= in_iterations:
+        out.print(f"  [red]over the budget only while a save read the job's tensors[/] ("
+                  f"{format_bytes(r.peak_in_saves_bytes)}; nothing leaves the device during a save, and what its "
+                  f"ops made stayed): to keep it there too, plan with a --gpu-mem "
+                  f"{format_bytes(r.peak_in_saves_bytes - r.budget_bytes)} lower")
+    elif r.budget_bytes and r.peak_device_bytes > r.budget_bytes:
         refused = sum(r.refused_actions_by_reason.values())
         why = (f"here {refused} plan offloads were refused (below)" if refused else
                "most often in an iteration larger than the profiled one (a longer batch, another path)")
@@ -109,10 +115,11 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
         resumed = "and resumed at the next" if since is None else \
             (f"[yellow]and never resumed from iteration {since} on[/]: if the job changed there (a layer unfrozen, "
              "a new phase), profile it past that point and plan again; if its ops follow its data (a depth or a "
-             "branch chosen per batch), iterations unlike the traced one run unplanned, exact and within the "
-             "budget where it can be kept")
+             "branch chosen per batch, a mixture of experts running only the experts it routed to: transformers' "
+             "experts_implementation=\"grouped_mm\" runs the same ops every step), iterations unlike the traced "
+             "one run unplanned, exact and within the budget where it can be kept")
         out.print(f"  plan paused in {r.plan_pauses} iteration(s){where} at ops unlike the trace's (evaluation, "
-                  f"saving, another batch shape, an optimizer step a GradScaler skipped) {resumed}; first: {r.pause_reason}")
+                  f"saving, another batch shape, an optimizer step a GradScaler skipped, ops that follow the data) {resumed}; first: {r.pause_reason}")
 
 
 def _late_and_skipped(r: RunReport) -> str:

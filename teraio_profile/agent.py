@@ -153,8 +153,10 @@ class ProfileAgent(WalkListener):
     def write(self) -> str:
         rec = self.recorder
         if not rec.steady():
-            lengths = ", ".join(str(len(sig)) for sig in rec.signatures)
-            print(f"teraio: warning: profiled iterations ran different op sequences ({lengths} ops); the "
+            counts = [len(sig) for sig in rec.signatures]
+            lengths = (f"{counts[0]} ops each" if len(set(counts)) == 1 else   # other ops, as many of them
+                       ", ".join(map(str, counts)) + " ops")
+            print(f"teraio: warning: profiled iterations ran different op sequences ({lengths}); the "
                   "trace keeps the one most iterations ran, timed over those that ran it (use more "
                   f"--warmup if the job settles later){self.steps_in_backward_hint()}", file=sys.stderr)
         if rec.choice:

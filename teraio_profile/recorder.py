@@ -18,6 +18,10 @@ all are exempt) and p divides the steps since the job began (the runtime counts 
 from the first step: Note [Iteration boundary] in teraio/walk.py). Op counts and not
 hashes, so that a job whose shapes change every step (dynamic padding) still shows its
 cycle. Two optimizers stepped in one loop give steps of 703 and 8 ops, alternating: p = 2.
+A cycle of p > 1 steps must repeat by op structure too (sizes aside, so dynamic padding still
+shows it): a mixture of experts that runs only the experts its tokens were routed to has op
+counts that follow the data, and a chance A, B, A, B of them made a one-optimizer loop with
+gradient accumulation two steps an iteration (its run then counted 8 iterations for 16 steps).
 A loop that steps one optimizer after another repeats every k steps, of which only the first
 runs a backward: where steps without a backward show it, p may be up to
 MAX_OPTIMIZERS_PER_ITERATION (six optimizers stepped after each backward were taken for one
@@ -426,7 +430,7 @@ class TraceRecorder(WalkListener):
 
     def _find_cycle(self) -> bool:
         longest = self._longest_cycle()
-        p = cycle_length(self.step_ops, self.step_backward, longest)
+        p = cycle_length(self.step_ops, self.step_backward, longest, self.step_structures)
         if p is None and len(self.step_ops) >= self.warmup + SETTLE_CYCLES * longest:
             p = 1  # no cycle: every step is an iteration, whatever the job does then
         if p is None:
@@ -480,15 +484,17 @@ class TraceRecorder(WalkListener):
         """Of the candidates with the job's common structure, the one with the highest traced
         peak: a plan that fits it fits the smaller ones (the runtime follows those too)."""
         common = self.cycle_counts.most_common(1)[0][0]
-        alike = [c for c in self.candidates if c["structure"] == common] or self.candidates
-        kept = max(alike, key=lambda c: (c["peak_bytes"], -c["window"]))
+        alike = [c for c in self.candidates if c["structure"] == common]
+        kept = max(alike or self.candidates, key=lambda c: (c["peak_bytes"], -c["window"]))
         for name in ("steps_before_window", "kernels_in_window", "iteration_ms", "time_scale", "signatures",
                      "waited_kernels"):
             setattr(self, name, kept[name])
         self.kept = kept
         others = ", ".join(f"{c['window']}: {c['peak_bytes'] / 2**20:.1f}" for c in self.candidates if c is not kept)
+        # none alike: the ops themselves follow the data (a mixture of experts running the experts it routed to)
+        alike_s = f"{len(alike)} with the common op structure" if alike else "each with an op structure of its own"
         self.choice = (f"shapes vary from iteration to iteration: compared {len(self.candidates)} iterations, "
-                       f"{len(alike)} with the common op structure; kept iteration {kept['window']}, the largest "
+                       f"{alike_s}; kept iteration {kept['window']}, the largest "
                        f"({kept['peak_bytes'] / 2**20:.1f} MiB traced peak; others {others} MiB)")
 
     def largest_op(self) -> dict | None:
@@ -609,14 +615,18 @@ def _peak_traced_bytes(tensors: dict, num_kernels: int) -> int:
     return int(live_bytes_per_kernel(columns).max(initial=0))
 
 
-def cycle_length(step_ops: list[int], step_backward: list[bool], longest: int) -> int | None:
+def cycle_length(step_ops: list[int], step_backward: list[bool], longest: int,
+                 step_structures: list[int]) -> int | None:
     """Note [Steady state]: the shortest number of steps p <= longest such that the last 2p
-    steps are one block of p twice over (by op count), the block runs a backward op (unless
-    no step has) and p divides the steps so far; None while there is none."""
+    steps are one block of p twice over (by op count, and by op structure where p > 1), the
+    block runs a backward op (unless no step has) and p divides the steps so far; None while
+    there is none."""
     s = len(step_ops)
     trains = any(step_backward)
     for p in range(1, min(longest, s // 2) + 1):
         if s % p or step_ops[s - 2 * p:s - p] != step_ops[s - p:]:
+            continue
+        if p > 1 and step_structures[s - 2 * p:s - p] != step_structures[s - p:]:
             continue
         if not trains or any(step_backward[s - p:]):
             return p

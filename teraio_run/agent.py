@@ -389,8 +389,9 @@ class RunAgent(WalkListener):
         shown = ", ".join(f"{n:,}" for n in kernels[:4]) + (", ..." if len(kernels) > 4 else "")
         reason = (f"no iteration of this job ran the plan's traced ops: the plan was profiled at iteration "
                   f"{ref.steady_from_iteration} ({ref.num_kernels:,} kernels) and this job ran "
-                  f"{len(self.log.rows)} iteration(s) of {shown} kernels, so it was never followed; "
-                  f"run more than {ref.steady_from_iteration} iterations, or re-profile and re-plan this job")
+                  f"{len(self.log.rows)} iteration(s) of {shown} kernels, so it was never followed; if this is the "
+                  f"job profiled, run it for more than {ref.steady_from_iteration} iterations, if another (or its ops "
+                  "follow its data), re-profile and re-plan it")
         self.guard_trips, self.guard_reason = 1, reason
         return reason
 
@@ -489,12 +490,8 @@ class RunAgent(WalkListener):
     def save_from_tiers(self):
         """torch.save: moved tensors read from their tiers, nothing leaving while it runs
         (Note [Saving from the tiers] in teraio_run/saving.py)."""
-        self.keeper.holds += 1
-        try:
-            with save_from_tiers(self.engine, self.walk.records, self.keeper.bring_back) as reads:
-                yield reads
-        finally:
-            self.keeper.holds -= 1
+        with self.keeper.holding(), save_from_tiers(self.engine, self.walk.records, self.keeper.bring_back) as reads:
+            yield reads
 
     def pin_for_raw_read(self, tensor) -> None:
         self.keeper.pin_for_raw_read(tensor)

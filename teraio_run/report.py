@@ -52,6 +52,7 @@ def build_report(agent, context) -> RunReport:
         on_demand_evictions=stats.evictions,
         oom_retries=stats.oom_retries,
         peak_device_bytes=_peak_bytes(agent),
+        peak_in_saves_bytes=int(agent.keeper.held_peak_bytes),
         budget_bytes=agent.budget_bytes,
         guard_trips=agent.guard_trips,
         guard_reason=agent.guard_reason,

@@ -139,11 +139,15 @@ def test_a_script_that_never_steps_is_stopped_after_the_step_timeout(tmp_path):
       ("fwd", 703), ("opt", 8), ("opt", 8)], 3),
     # a loop marked with teraio_step() that never runs backward
     ([("eval", 5), ("eval", 5)], 1),
+    # a mixture of experts routed by the data: op counts alternate by chance, structures do not repeat
+    ([("fwd", 5033), ("fwd", 5040), ("fwd", 5033), ("fwd", 5040)], None),
 ])
 def test_the_cycle_of_steps_is_found(steps, expected):
     ops = [n for _, n in steps]
     backward = [kind == "fwd" for kind, _ in steps]  # "fwd" steps run forward and backward
-    assert cycle_length(ops, backward, 4) == expected
+    # one structure per step kind and count, except the routed steps, each its own
+    structures = [hash((kind, n)) if n < 5000 else i for i, (kind, n) in enumerate(steps)]
+    assert cycle_length(ops, backward, 4, structures) == expected
 
 
 def test_traces_and_plans_from_before_steps_per_iteration_still_load(tmp_path):

@@ -130,6 +130,8 @@ class RunReport(Strict):
     on_demand_evictions: int
     oom_retries: int
     peak_device_bytes: int
+    peak_in_saves_bytes: int = Field(0, description="the most the device held while a save read the job's tensors "
+                                     "(nothing leaves the device then): where it passes the budget, the save is why")
     budget_bytes: int
     guard_trips: int = Field(description="the profiled iteration did not match the plan's trace: a plan "
                              "made for another job")
