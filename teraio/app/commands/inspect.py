@@ -71,8 +71,8 @@ def print_trace_summary(path, out: Console) -> None:
     out.print(f"  memory  [cyan]{sparkline(live_bytes_per_kernel(trace))}[/]")
     _print_floors(s, out)
     out.print(f"  a plan fits from {format_bytes(s['plan_fit_bytes'])} ({s['plan_fit_bytes']} bytes, for kernel "
-              f"{s['plan_fit_at']}: what no plan entry can move; `teraio plan` adds its --headroom); below it "
-              "`teraio run` keeps the cap by evicting on demand")
+              f"{s['plan_fit_at']}: what no plan entry can move; `teraio plan` adds its --headroom); between the two "
+              "floors `teraio run` keeps the cap by evicting on demand")
     table = Table("idle period", "count", "bytes", title="Idle periods", title_justify="left")
     for label, count, nbytes in idle_histogram(trace):
         table.add_row(label, str(count), format_bytes(nbytes))
@@ -86,8 +86,9 @@ def print_trace_summary(path, out: Console) -> None:
 def _print_floors(s: dict, out: Console) -> None:
     """The least budget: the recorded iteration's largest kernel, and the largest op of every
     iteration the profile watched (Note [The largest op of the profile] in teraio_profile/recorder.py)."""
-    recorded = (f"  least budget: {format_bytes(s['kernel_need_bytes'])} ({s['kernel_need_bytes']} bytes) for the "
-                f"recorded iteration's largest kernel ({s['kernel_need_at']})")
+    # the floor of any run, evicting on demand; the floor of a plan that fits is the next line's
+    recorded = (f"  least budget to run at all: {format_bytes(s['kernel_need_bytes'])} ({s['kernel_need_bytes']} "
+                f"bytes) for the recorded iteration's largest kernel ({s['kernel_need_at']})")
     largest = s["largest_op"]
     if largest is None:
         out.print(recorded + "; the other iterations' ops are not known (a trace written before they were watched)")
