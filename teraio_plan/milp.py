@@ -31,6 +31,8 @@ Note [MILP relaxation]
     The LP relaxation is solved first: when the MILP stops at the time limit, the larger of its
     optimum and HiGHS's dual bound is the bound (at 4,000 kernels the dual bound alone was
     still 0 after a minute; the LP took 3 s).
+    time_indexed.py bounds the same plans another way, by blocks of kernels in time (Note
+    [Time-indexed relaxation]); neither implies the other, and bench/plan_gap.py takes the larger.
 
 Note [Copy windows]
     The rows above charge each iteration's bytes against the whole iteration, as if a copy

@@ -4,24 +4,30 @@ Note [Time-indexed relaxation]
     The MILP of milp.py (Note [MILP relaxation]) charges each path's bytes against the whole
     iteration and orders copies only around its probe kernels, so on SSD-bound plans one
     tensor's write may overlap another's read almost everywhere. This LP keeps time instead.
-    The iteration is cut into blocks of kernels of equal kernel time (NUM_BLOCKS, by
-    cumulative time). In the simulator's measured iteration block b lasts D_b + S_b us: its
+    The iteration is cut into NUM_BLOCKS stretches of equal kernel time, and each stretch
+    once more after its kernel most over budget, so that kernel k*_b ends its block b
+    (block_edges). In the simulator's measured iteration block b lasts D_b + S_b us: its
     kernels' time D_b plus every wait before them S_b >= 0 (stalls, host issue), and the
     iteration is ideal + sum_b S_b, the objective (minimized; all in us).
     A piece is the part of an idle period (uses a < e) that can be away in the measured
     iteration: kernels a+1 .. e-1 (one kernel more on each side than a plan entry reaches,
     Note [What must stay], as a copy may finish during a wait). If its tensor is away at
-    kernel k, its copy-out ran between the end of kernel a and the start of k, so within
-    blocks block(a+1) .. block(k), and its copy-in between the end of k and the start of e,
-    so within blocks block(k) .. block(e). Pieces with the same two end blocks form a class;
-    per class c, tier t and block u, variables in MiB:
+    kernel k*_u, its copy-out ran between the end of kernel a and the start of k*_u (the
+    wait before k*_u included), so within blocks block(a+1) .. u, and its copy-in between the
+    end of k*_u and the start of e, so within blocks u+1 .. block(e): a block's own waits
+    serve the writes of what must be away at its end, never the reads of the same bytes.
+    (Cutting at the most-over kernel rather than elsewhere is what keeps a peak's writes and
+    reads apart; the equal-time cuts keep one hump's reads apart from the next one's writes.)
+    Pieces with the same two end blocks form a class; per class c, tier t and block u,
+    variables in MiB:
         O[c,t,u]  copy-out done from block(a+1) through u (non-decreasing in u),
         R[c,t,u]  copy-in still to do from u through block(e) (non-increasing in u),
-        z[c,t,u]  bytes away at block u's representative kernel k*_u (its most over budget):
-                  z <= O[u], z <= R[u], and sum_t z <= the class's bytes that cover k*_u.
+        z[c,t,u]  bytes away at k*_u: z <= O[u], z <= R[u+1], and sum_t z <= the class's
+                  bytes whose piece covers k*_u.
     Rows, each implied by any replay that fits:
       - memory: sum of z at block b >= M[k*_b] - budget, where that is positive;
-      - host pool: sum of the host tier's z at block b <= --host-mem;
+      - host pool: sum of the host tier's z at block b <= --host-mem (plans keep to the
+        pool, as the planner makes them and the runtime's pool needs);
       - capacity, per block and per ledger of the simulator's Note [Bandwidth model]: each
         path (d2s, s2d, d2h, h2d), each link direction (out: d2s + d2h, in: s2d + h2d) and,
         on a shared link, all four together: the increments of O and R in block b over the
@@ -30,8 +36,10 @@ Note [Time-indexed relaxation]
     Why it is a lower bound: take any replay that fits and cancels no copy-out (or count a
     cancelled one as never away); set O, R from the bytes its copies moved in each block
     and z from what is away at each k*_b: every row holds, so the LP's optimum is at most
-    its stalls. The LP forgets the order of copies inside a block, queueing, which kernel of a
-    block but k*_b is over budget, and how a class's bytes split between its pieces.
+    its stalls. The LP forgets, and so only lowers the bound: that a tensor is away whole
+    (z may hold part of one; the MILP's x are whole), the order of copies inside a block,
+    queueing, priorities, latency, every kernel of a block but k*_b, and how a class's bytes
+    split between its pieces.
     Wrapping periods (last use in iteration i, next in i + 1): the simulator measures the
     second of two iterations, so the copy-out of what is away early in it ran in the first,
     whose stalls the objective does not count. Two treatments (`steady_state`):
@@ -42,9 +50,12 @@ Note [Time-indexed relaxation]
         this iteration, as if the iteration repeated (the planner's steady state, as the
         MILP's windows assume). Tighter, but not a bound for a replay whose first iteration
         did copies the second does not repeat.
-    Size: a class has at most NUM_BLOCKS + 1 blocks and there are at most about
-    NUM_BLOCKS^2 classes per tier; at 48 blocks the 5,000-kernel traces have some 10^5
-    nonzeros and the LP takes seconds (a pure LP: tiers may split, no integrality).
+    Units: MiB, us and MiB/us in the LP; the bound is returned in ms. Size: a class spans
+    at most blocks + 1 blocks and there are at most about blocks^2 / 2 classes; at
+    NUM_BLOCKS = 32 (up to 64 blocks) the 5,000-kernel traces give some 2-3 * 10^4 rows and
+    10^5 nonzeros, and HiGHS's interior point solves them in seconds (a pure LP: tiers may
+    split, no integrality). On the 3B bf16 trace at 1/2 of its peak 32 to 96 blocks gave the
+    same bound to 0.1 ms: the blocks are not what is left loose there.
 """
 
 from collections import defaultdict
@@ -59,7 +70,7 @@ from teraio_plan.milp import MIB, Bound, SolverMissing
 from teraio_plan.periods import find_periods
 
 NUM_BLOCKS = 32  # stretches of kernels, up to twice as many blocks (Note [Time-indexed relaxation]: size grows with the square)
-LP_METHOD = "highs-ipm"  # interior point with crossover: an exact vertex, faster than dual simplex here
+LP_METHOD = "highs-ipm"  # 3 s where dual simplex took 7-30 s (3B bf16 at 1/2) and 120+ s at 96 blocks
 
 
 def time_indexed_bound(trace: Trace, inputs: PlannerInputs, time_limit_s: float = 60.0,
@@ -77,7 +88,7 @@ def time_indexed_bound(trace: Trace, inputs: PlannerInputs, time_limit_s: float 
     if not model.classes:  # nothing over budget
         return Bound(ideal_ms, ideal_ms, True, "nothing over budget", len(model.pieces), 0)
     c, a_ub, b_ub = model.lp(sparse)
-    # Dual simplex: serial (the shared box), and its optimum is exact, not an interior estimate.
+    # Interior point with crossover: an exact optimal vertex, not an interior estimate.
     res = linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method=LP_METHOD,
                   options={"time_limit": time_limit_s, "disp": False})
     shape = (len(model.pieces), a_ub.shape[0])
@@ -188,8 +199,8 @@ class _BlockModel:
         return lp.build(sparse)
 
     def _copy_side(self, lp: "_Rows", tier: str, outbound: bool, blocks: range, bound_at: list, z: np.ndarray) -> None:
-        """One direction's cumulative variables over `blocks`: monotone, bounding z, and their
-        increments charged to each block's ledgers."""
+        """One direction's cumulative variables over `blocks`: monotone, each z at most the one
+        at its block in bound_at, and their increments charged to each block's ledgers."""
         cum = lp.columns(len(blocks))
         ledgers = self._ledgers(tier, outbound)
         step = 1 if outbound else -1  # O grows with u; R shrinks with u
