@@ -86,6 +86,7 @@ class BudgetKeeper:
         self.unwritten: set[int] = set()     # storages allocated without a write, not yet an op's input
         self.said_over_budget = False        # Note [Over the budget, said once]
         self.held_peak_bytes = 0             # Note [Over the budget while held]: the most resident in holds
+        self.said_over_in_holds = False      # the same, said once apart: a mid-run save must not silence the op's
         # Note [Bounding the check]: resident bytes at the last exact count, and the running
         # totals of bytes made and brought back then
         self._resident_at_count = 0
@@ -485,8 +486,8 @@ class BudgetKeeper:
             yield
         finally:
             self.holds -= 1
-            if not self.holds and self.held_peak_bytes > self.budget_bytes > 0 and not self.said_over_budget:
-                self.said_over_budget = True
+            if not self.holds and self.held_peak_bytes > self.budget_bytes > 0 and not self.said_over_in_holds:
+                self.said_over_in_holds = True
                 from teraio.units import format_bytes
                 print(f"teraio: warning: the device held {format_bytes(self.held_peak_bytes)}, over its budget of "
                       f"{format_bytes(self.budget_bytes)}, while a save read the job's tensors (nothing leaves the "

@@ -19,8 +19,8 @@ from teraio_run.run import run
 @click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
               help="SSD I/O: KvikIO (GDS or compat) where CUDA exists, else POSIX.")
 @click.option("--strict", is_flag=True, help="Fail the job, instead of training on without the agent or the plan, if the agent cannot start, "
-                   "the plan belongs to another job, the job computes on another GPU than the one set up, "
-                   "or it runs torch.compile'd code.")
+                   "the plan belongs to another job, the job ends without ever following its plan (after its report), "
+                   "the job computes on another GPU than the one set up, or it runs torch.compile'd code.")
 @click.option("--no-clean-copies", "clean_copies", is_flag=True, flag_value=False, default=True,
               help="Copy every storage out each time it leaves, even one no op wrote since its last copy: for "
                    "jobs that write tensors outside PyTorch's ops (C++ extensions given raw pointers).")
