@@ -339,6 +339,7 @@ def main(argv=None):
         print(f"done steps {args.steps} median_step_ms {statistics.median(measured):.1f} "
               f"{peak_memory_text(device)}", flush=True)
     if world > 1:
+        dist.barrier()  # no rank tears gloo down while another still writes (tests/clients/fsdp2_train.py)
         dist.destroy_process_group()
 
 
