@@ -6,7 +6,9 @@
 A bench result line (bench/run_baseline.py) keeps the run report's body but not its header:
 this rebuilds the report of line --calibrate-from for the trace its plan came from, calibrates
 with it (`teraio plan --calibrate`), then plans every line's configuration again with and
-without those figures (the plan options are the ones each run recorded) and prints the
+without those figures (the plan options are the ones each run recorded, so the calibrated
+plans keep the recorded host and link rates, host time alone measured; --measured-rates takes
+the run's rates too) and prints the
 predicted iteration against the measured median step, and the plan the run ran (made again
 without the figures) replayed with them: the calibrated planner may choose other actions. The lines must be runs of plans made
 from TRACE; the planner's code is this checkout's, not the recorded commit's.
@@ -52,6 +54,14 @@ def plan_args(system_config: dict, link_gbps: float = 0.0) -> list[str]:
     return [str(a) for a in args]
 
 
+def calibrating_args(system_config: dict) -> list[str]:
+    """plan_args without the recorded host and link rates, so that the calibrating run's
+    measured ones are taken (a rate given on the command line wins, Note [Calibration])."""
+    args = plan_args(system_config)
+    rates = {"--host-gbps", "--pcie-gbps"}
+    return [a for i, a in enumerate(args) if a not in rates and (i == 0 or args[i - 1] not in rates)]
+
+
 def predicted_ms(trace_path: Path, args: list[str], out: Path) -> float:
     subprocess.run([sys.executable, "-m", "teraio", "plan", str(trace_path), *args, "-o", str(out)],
                    check=True, capture_output=True)
@@ -59,9 +69,10 @@ def predicted_ms(trace_path: Path, args: list[str], out: Path) -> float:
 
 
 def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0,
-                  link_gbps: float = 0.0) -> list[dict]:
+                  link_gbps: float = 0.0, measured_rates: bool = False) -> list[dict]:
     """One row per recorded teraio run: label, measured, predicted and calibrated ms (with
-    link_gbps, every plan made for one link of that rate for both directions together)."""
+    link_gbps, every plan made for one link of that rate for both directions together; with
+    measured_rates, the calibrated plans take the run's host and link rates, not the recorded)."""
     trace = load_trace(trace_path)
     lines = [json.loads(text) for text in results_path.read_text().splitlines() if text.strip()]
     lines = [line for line in lines if line.get("metrics", {}).get("teraio")]
@@ -76,7 +87,8 @@ def fidelity_rows(trace_path: Path, results_path: Path, calibrate_from: int = 0,
             rows.append({"label": line["label"], "calibrating": i == calibrate_from,
                          "measured_ms": line["metrics"]["step_ms_median"],
                          "predicted_ms": predicted_ms(trace_path, options, plan),
-                         "calibrated_ms": predicted_ms(trace_path, [*options, "--calibrate", str(report_path)],
+                         "calibrated_ms": predicted_ms(trace_path, [*(calibrating_args(config) if measured_rates
+                                                                      else options), "--calibrate", str(report_path)],
                                                        calibrated_plan),
                          # the plan the run ran (made with the recorded options) under the measured figures:
                          # the calibrated planner may choose other actions than the run's plan has
@@ -97,10 +109,14 @@ def main() -> None:
     parser.add_argument("--calibrate-from", type=int, default=0, help="the line whose report calibrates")
     parser.add_argument("--link-gbps", type=float, default=0.0, help="plan for one link of this rate for both "
                         "directions together (--host-gbps, --pcie-gbps and --link-total-gbps), not the recorded rates")
+    parser.add_argument("--measured-rates", action="store_true", help="the calibrated plans take the host and link "
+                        "rates the calibrating run measured, not the recorded plans' --host-gbps and --pcie-gbps")
     args = parser.parse_args()
+    if args.measured_rates and args.link_gbps:
+        parser.error("--measured-rates takes the run's rates, --link-gbps gives one: choose one")
     table = Table("run", "measured ms", "predicted ms", "error", "calibrated ms", "error",
                   "the run's plan, calibrated", "error", title_justify="left")
-    for row in fidelity_rows(args.trace, args.results, args.calibrate_from, args.link_gbps):
+    for row in fidelity_rows(args.trace, args.results, args.calibrate_from, args.link_gbps, args.measured_rates):
         measured = row["measured_ms"]
         table.add_row(row["label"] + (" (calibrating)" if row["calibrating"] else ""), f"{measured:,.1f}",
                       f"{row['predicted_ms']:,.1f}", f"{row['predicted_ms'] / measured - 1:+.1%}",

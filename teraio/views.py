@@ -3,6 +3,7 @@
 from rich.console import Console
 from rich.table import Table
 
+from teraio.formats.plan import CALIBRATED_OPTIONS
 from teraio.formats.report import RunReport
 from teraio.units import format_bytes, format_ms
 
@@ -181,4 +182,7 @@ def measured_figures(calibration: dict) -> str:
     """A plan's calibration (PlannerInputs.calibration, dumped) in one line."""
     figures = ", ".join(f"{value:.3g}{MEASURED_UNITS.get(name, ' ' + name)}"
                         for name, value in calibration["measured"].items())
-    return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})"
+    kept = "; ".join(f"{CALIBRATED_OPTIONS.get(name, name)} as given, where the run measured {value:.3g}"
+                     f"{MEASURED_UNITS.get(name, ' ' + name)} (leave it out to plan with that)"
+                     for name, value in calibration.get("overridden", {}).items())
+    return f"{figures or 'nothing (every figure was given)'} (from {calibration['report']})" + (f"; {kept}" if kept else "")

@@ -36,7 +36,11 @@ teraio/formats/report.py):
   profiler's kernels took ~1.6x the run's on the example, and more when the box was busier
   while profiling). A GPU run does not time its kernels: the scale stays 1 there.
 A figure the user gives on the command line wins over the measured one. The plan says what
-was measured (PlannerInputs.calibration) so a reader knows which numbers are the machine's.
+was measured (PlannerInputs.calibration) so a reader knows which numbers are the machine's,
+and what the run measured where a given option won (Calibration.overridden): adding
+--calibrate to a command that already names --host-gbps used to keep the guess without a word,
+and on the H200's 3B at 1/4 (a 37 GB/s guess, 51.9 measured) that left the calibrated
+prediction 13% slow where the measured rate gives -1% (docs/planner.md).
 """
 
 from pathlib import Path
@@ -46,10 +50,6 @@ from teraio.errors import FileFormatError, UsageError
 from teraio.formats.plan import Calibration, PlannerInputs
 from teraio.formats.report import RunReport, load_report, steady_iterations
 from teraio.formats.trace import Trace
-
-# planner input -> the command-line option that sets it (a given option is never overridden)
-OPTION_OF = {"host_gbps": "--host-gbps", "pcie_gbps": "--pcie-gbps", "ssd_read_gbps": "--ssd-read-gbps",
-             "ssd_write_gbps": "--ssd-write-gbps"}
 
 
 def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: set[str],
@@ -71,8 +71,11 @@ def calibrated(inputs: PlannerInputs, trace: Trace, report_path: Path, given: se
         measured["kernel_time_scale"] = median(row.op_launch_ms for row in rows) * 1e3 / float(trace.duration_us.sum())
     if measured.get("host_gbps", 0) > inputs.pcie_gbps:
         measured["pcie_gbps"] = measured["host_gbps"]  # the link carried it: it is at least that fast
-    measured = {name: round(value, 3) for name, value in measured.items() if name not in given}
-    calibration = Calibration(report=str(report_path), measured=measured, planned_iterations=len(rows))
+    measured = {name: round(value, 3) for name, value in measured.items()}
+    overridden = {name: value for name, value in measured.items() if name in given}
+    measured = {name: value for name, value in measured.items() if name not in given}
+    calibration = Calibration(report=str(report_path), measured=measured, planned_iterations=len(rows),
+                              overridden=overridden)
     return inputs.model_copy(update={**measured, "calibration": calibration})
 
 

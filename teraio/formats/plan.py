@@ -51,6 +51,12 @@ class TraceRef(Strict):
                                "the plan is followed from the iteration after one that ran the traced ops")
 
 
+# planner input -> the `teraio plan` option that sets it; a given option is never overridden by
+# --calibrate (Note [Calibration] in teraio_plan/calibrate.py)
+CALIBRATED_OPTIONS = {"host_gbps": "--host-gbps", "pcie_gbps": "--pcie-gbps", "ssd_read_gbps": "--ssd-read-gbps",
+                      "ssd_write_gbps": "--ssd-write-gbps"}
+
+
 class Calibration(Strict):
     """Figures of the bandwidth model taken from a run of this job (`teraio plan --calibrate`)."""
 
@@ -59,6 +65,9 @@ class Calibration(Strict):
                                        "(host_gbps, ssd_read_gbps, ssd_write_gbps, host_us_per_kernel, "
                                        "host_us_per_copy, host_us_per_replay, kernel_time_scale)")
     planned_iterations: int = Field(ge=1, description="the report's iterations on plan they come from")
+    overridden: dict[str, float] = Field(default_factory=dict, description="planner input -> what the run "
+                                         "measured for it, where an option given on the command line was "
+                                         "taken instead (its value is the plan's input)")
 
 
 class PlannerInputs(Strict):

@@ -12,12 +12,12 @@ from rich.table import Table
 from teraio.app.commands.options import SIZE, json_flag
 from teraio.errors import PlanError, UsageError
 from teraio.formats.common import refuse_overwriting_input
-from teraio.formats.plan import save_plan
+from teraio.formats.plan import CALIBRATED_OPTIONS, save_plan
 from teraio.formats.trace import Trace, load_trace
 from teraio.units import format_bytes, format_ms
 from teraio.views import measured_figures
 from teraio_plan import PlanOutcome, make_plan_outcome, planner_inputs, sweep
-from teraio_plan.calibrate import OPTION_OF, calibrated
+from teraio_plan.calibrate import calibrated
 from teraio_plan.memory import min_required_bytes
 from teraio_plan.make import (
     DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS, DEFAULT_SSD_READ_GBPS, DEFAULT_SSD_WRITE_GBPS,
@@ -100,7 +100,7 @@ def _inputs(path: Path, trace: Trace, options: dict, calibrate_from: Path | None
     if calibrate_from is None:
         return inputs
     source = click.get_current_context().get_parameter_source
-    given = {name for name in OPTION_OF if source(name) is not ParameterSource.DEFAULT}
+    given = {name for name in CALIBRATED_OPTIONS if source(name) is not ParameterSource.DEFAULT}
     return calibrated(inputs, trace, calibrate_from, given, trace_name=str(path))
 
 
