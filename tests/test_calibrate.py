@@ -38,7 +38,7 @@ def work(tmp_path_factory):
     return tmp, plan_args
 
 
-def test_a_calibrated_plan_predicts_the_measured_iteration_closer(work):
+def test_a_calibrated_plan_predicts_the_measured_iteration_within_ten_percent(work):
     tmp, plan_args = work
     proc = ok(teraio("plan", tmp / "trace.msgpack", *plan_args, "--calibrate", tmp / "run.json",
                      "-o", tmp / "calibrated.json", "--json", cwd=tmp))
@@ -52,7 +52,10 @@ def test_a_calibrated_plan_predicts_the_measured_iteration_closer(work):
     measured_ms = load_report(tmp / "run.json").measured_iteration_ms
     error = {name: abs(plan.header.prediction.iteration_ms - measured_ms) / measured_ms
              for name, plan in (("calibrated", calibrated), ("guessed", guessed))}
-    assert error["calibrated"] < error["guessed"], error
+    # the guess is 27-76% off on this box (no host time charged); the calibrated plan predicts its
+    # own run (issue 16's 10%). Not "closer than the guess": a busy box while profiling can make
+    # the guess right by chance (one failure seen so)
+    assert error["calibrated"] < 0.10, error
 
 
 def test_the_run_summary_says_how_to_calibrate_a_plan_that_charged_no_host_time(work):
