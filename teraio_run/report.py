@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -109,8 +110,7 @@ def finish(agent, context) -> None:
             # and a summary that cannot be printed (stderr closed, a broken pipe) still leaves the file
             _print_summary(report, calibrate_hint(agent.plan.header.inputs, report, context.settings.report))
             if context.settings.report:
-                save_report(report, rank_path(context.settings.report, context.settings.rank,
-                                              context.settings.world_size))
+                save_report(report, report_path(context))
     except Exception as err:  # the job has finished training; a report failure must not hide that
         print(f"teraio: no run report: {err}", file=sys.stderr)
     finally:
@@ -122,6 +122,26 @@ def finish(agent, context) -> None:
         _exit_failed()
     if never_learned and context.settings.strict:
         _exit_failed(PlanMismatchError.exit_code)
+
+
+def report_path(context) -> Path:
+    """Note [A report path the job wrote]
+    `--report run.json` on a job that writes its own run.json (its metrics, its losses): the
+    report replaced the job's file at exit, without a word, and the job's output was lost. A
+    file at the report's path written since the runtime started is not a report of ours (a
+    report is only written here, at exit), so the report goes beside it, said once."""
+    settings = context.settings
+    path = Path(rank_path(settings.report, settings.rank, settings.world_size))
+    try:
+        written_during_run = path.stat().st_mtime >= context.started_s
+    except OSError:   # none there (or unreadable: saving says why)
+        return path
+    if not written_during_run:
+        return path   # an earlier run's report, or a file the user meant to replace
+    beside = path.with_name(f"{path.stem}.teraio{path.suffix or '.json'}")
+    print(f"teraio: {path} was written during the run, not by teraio (the job's own file?): "
+          f"the run report is in {beside} instead", file=sys.stderr)
+    return beside
 
 
 CALIBRATE_HINT_OVER = 1.1   # measured past the prediction by this factor: say how to predict better

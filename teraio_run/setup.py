@@ -5,7 +5,7 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ class RunContext:
     threads: ThreadPoolExecutor
     pool_bytes: int
     pool_pin_s: float  # page-locking a large pool takes a while (24 s for 72 GiB on the H200)
+    started_s: float = field(default_factory=time.time)  # wall clock (Note [A report path the job wrote])
 
 
 def plan_for_rank(settings: Settings) -> tuple[Plan, Path]:

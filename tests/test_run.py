@@ -13,7 +13,7 @@ import torch
 from teraio.formats.plan import load_plan, save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import live_bytes_per_kernel, load_trace
-from cli_helpers import EXAMPLE, PYTHON, example, losses, ok, one_line_error, teraio
+from cli_helpers import CPU_ENV, EXAMPLE, PYTHON, example, losses, ok, one_line_error, teraio
 from runtime_helpers import every_period_plan
 
 ARGS = ("--device", "cpu", "--steps", "7", "--accum", "2", "--clip", "0.5")
@@ -350,3 +350,43 @@ def test_a_plan_that_did_not_fit_runs_exactly_and_the_summary_says_the_plan_is_w
     summary = " ".join(proc.stderr.split())
     assert evicted > 0 and "the plan itself did not fit the budget" in summary, summary
     assert "longest batch" not in summary
+
+
+
+JOB_WRITING_METRICS = """
+import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+optimizer = torch.optim.AdamW(model.parameters())
+losses = []
+for _ in range(12):
+    loss = model(torch.randn(32, 64)).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    losses.append(loss.item().hex())
+json.dump(losses, open("metrics.json", "w"))   # a name of its own, on no command line
+"""
+
+
+def test_a_report_path_the_job_writes_keeps_the_jobs_file_and_the_report_goes_beside_it(tmp_path):
+    """Note [A report path the job wrote] in teraio_run/report.py: `--report metrics.json` on a
+    job that writes its own metrics.json replaced the job's file with the report, without a
+    word (a diffusers user's trial; a path on the job's command line is refused up front)."""
+    (tmp_path / "job.py").write_text(JOB_WRITING_METRICS)
+    subprocess.run([PYTHON, "job.py"], cwd=tmp_path, check=True, env=dict(os.environ, **CPU_ENV))
+    plain = (tmp_path / "metrics.json").read_text()
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, "job.py", cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", peak_bytes(trace) // 2, "--ssds", 0,
+              "--host-mem", "64MiB", "-o", tmp_path / "plan.json", cwd=tmp_path))
+    proc = ok(teraio("run", "--plan", "plan.json", "--report", "metrics.json", "--", PYTHON, "job.py", cwd=tmp_path))
+    assert (tmp_path / "metrics.json").read_text() == plain   # the job's file, the plain run's losses
+    assert load_report(tmp_path / "metrics.teraio.json").iterations_on_plan >= 1
+    said = " ".join(proc.stderr.split())
+    assert "metrics.json was written during the run, not by teraio" in said, said
+    assert f"the run report is in {tmp_path / 'metrics.teraio.json'} instead" in said
+    (tmp_path / "metrics.teraio.json").unlink()   # a report from an earlier run is replaced as asked
+    ok(teraio("run", "--plan", "plan.json", "--report", "metrics.teraio.json", "--", PYTHON, "job.py", cwd=tmp_path))
+    ok(teraio("run", "--plan", "plan.json", "--report", "metrics.teraio.json", "--", PYTHON, "job.py", cwd=tmp_path))
+    assert not (tmp_path / "metrics.teraio.teraio.json").exists()
