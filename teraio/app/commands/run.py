@@ -13,7 +13,7 @@ from teraio_run.run import run
               help="Plan from `teraio plan`; per-rank plans are found as NAME.rankN.json.")
 @click.option("--ssd-dir", "ssd_dirs", multiple=True,
               help="Folder on an SSD for swap files; repeat once per SSD (default: the temp folder).")
-@click.option("--report", default="", help="Write the run report (JSON) here; NAME.rankN.json per rank.")
+@click.option("--report", default="", help="Write the run report (JSON) here; NAME.rankN.json per rank (NAME.teraio.json if the job writes this file itself).")
 @click.option("--gpu-mem", "gpu_mem_bytes", type=SIZE, default="0",
               help="Cap device memory (CUDA) to this size; default: the plan's budget.")
 @click.option("--io-backend", type=click.Choice(["auto", "kvikio", "posix"]), default="auto", show_default=True,
