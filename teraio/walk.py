@@ -707,7 +707,6 @@ class OpWalk(TorchDispatchMode):
         self.scope: list[str] = []
         self.module_names: dict[int, tuple] = {}  # id(module) -> (path, weak reference)
         self.occurrences: dict[tuple, int] = {}
-        self.carried_ids: set[str] = set()   # Note [Birth names across iterations]
         self.in_optimizer = False
         self.backward_ran = False   # a gradient was accumulated since the flag was last reset (teraio_run/metrics.py)
         self._step_scope_depth, self._step_graph_task = 0, -1  # Note [Steps with a closure]
@@ -921,8 +920,6 @@ class OpWalk(TorchDispatchMode):
         self.iteration += 1
         self.kernel = 0
         self.occurrences.clear()
-        self.carried_ids = {record.id for record in self.records.values()
-                            if record.kind != Kind.gradient and not record.ref.expired()}
 
     # ----- the op stream --------------------------------------------------------------------
     def phase(self) -> Phase:
@@ -1144,31 +1141,11 @@ class OpWalk(TorchDispatchMode):
         return record
 
     def _birth_name(self, func, label, phase: Phase) -> str:
-        """Note [Birth names across iterations]
-        A storage is named by its birth: scope, op, output and how many times the iteration has
-        made that name (the count starts again each iteration, so the same op of every
-        iteration gets the same name). A storage born earlier that is still alive keeps its
-        name: a dataset made by `torch.randn` before the loop was `/randn.0#0`, and so was the
-        noise each step draws with `torch.randn` (a diffusers job), two tensors of one name in
-        the trace and the plan. The runtime then found the step's noise under the dataset's
-        entry, never moved the dataset, and a plan that fitted went over its budget at the
-        same op of every iteration (408 evictions each, at a quarter of the peak). So a name
-        held by a storage alive at the iteration's start is skipped: the noise is `/randn.0#1`.
-        The profile and the run skip the same names (the same job keeps the same storages
-        across its boundaries), and a job whose names never collide is named as before.
-        Gradients alive at the boundary are left out: one a step meets is named by its owner
-        from then on (Note [When the plan is followed] in teraio_run/agent.py, closures); with
-        them in, the same diffusers job's plan was refused for sizes (its trace gave an owner
-        name to a storage of another size)."""
         scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if phase == Phase.backward else "")
         base = f"{scope}/{(_op_infos.get(id(func)) or _op_info(func)).packet}.{label}"
         occurrence = self.occurrences.get(base, 0)
-        name = f"{base}#{occurrence}"
-        while name in self.carried_ids:
-            occurrence += 1
-            name = f"{base}#{occurrence}"
         self.occurrences[base] = occurrence + 1
-        return name
+        return f"{base}#{occurrence}"
 
     def forget_expired(self) -> list[StorageRecord]:
         """Drop records of freed storages; returns them (the profiler timestamps their death)."""
