@@ -14,7 +14,9 @@ stable across iterations and processes and readable in a plan diff:
   resolved through the optimizer object at its step hooks, not by order of first use;
 - everything else: the module scope, the op and the output index where it was born, and an
   occurrence counter that restarts every iteration: `model.layers.3.mlp/mm.0#1`. Ops of the
-  backward pass run outside any module call, so their scope is `bwd`.
+  backward pass run outside any module call, so their scope is `bwd`; what the job makes
+  outside any module before its first iteration ends is `setup` (Note [Birth names across
+  iterations]).
 Tensors first met as an op input (made before the walk started, or outside ATen) are named
 like births with `in` instead of the output index.
 
@@ -148,6 +150,7 @@ _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 
 BACKWARD_SCOPE = "bwd"
+SETUP_SCOPE = "setup"   # Note [Birth names across iterations]
 OOM_RETRIES = 3
 MULTI_TENSOR_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagrad")
 MULTI_TENSOR_CHUNK_BYTES = 512 * 2**20   # Note [Multi-tensor ops]: ~100 launches for a 3B AdamW step
@@ -1141,7 +1144,25 @@ class OpWalk(TorchDispatchMode):
         return record
 
     def _birth_name(self, func, label, phase: Phase) -> str:
-        scope = self.scope[-1] if self.scope else (BACKWARD_SCOPE if phase == Phase.backward else "")
+        """Note [Birth names across iterations]
+        A storage is named by its birth: scope, op, output and how many times the iteration has
+        made that name; the count starts again each iteration, so the same op of every iteration
+        gets the same name. A storage the job makes before its loop and keeps (a dataset drawn
+        with `torch.randn`) was named like the first one of each later iteration (the noise a
+        diffusers step draws with `torch.randn`): `/randn.0#0` twice in the trace and the plan.
+        The runtime took the step's noise for the dataset's entry, never moved the dataset, and
+        a plan that fitted went over its budget at the same op of every iteration (408
+        evictions each, a UNet at a quarter of its peak). So what is born outside any module,
+        the backward and the optimizer in iteration 0 (the job's setup, its first step's data) is scoped
+        `setup`, a name no later iteration makes. Skipping names still held at a boundary
+        instead gave a per-step buffer alive across the boundary a name that alternated
+        between iterations (tests/clients/late_fill.py), and the plan no longer matched."""
+        if self.scope:
+            scope = self.scope[-1]
+        elif phase == Phase.backward:
+            scope = BACKWARD_SCOPE
+        else:
+            scope = SETUP_SCOPE if self.iteration == 0 and phase != Phase.optimizer else ""
         base = f"{scope}/{(_op_infos.get(id(func)) or _op_info(func)).packet}.{label}"
         occurrence = self.occurrences.get(base, 0)
         self.occurrences[base] = occurrence + 1

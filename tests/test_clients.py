@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from teraio.formats.plan import save_plan
+from teraio.formats.plan import load_plan, save_plan
 from teraio.formats.report import load_report
 from teraio.formats.trace import Kind, live_bytes_per_kernel, load_trace
 from cli_helpers import CPU_ENV, PYTHON, ok, teraio
@@ -311,3 +311,30 @@ def test_batches_drawn_with_pythons_random_after_the_seed_are_the_plain_runs(tmp
     run_plain(tmp_path, "python_shuffle.py", "--out", tmp_path / "plain.json")
     assert sum(report.offloaded_bytes.values()) > 0
     assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+
+
+def test_a_dataset_and_the_noise_drawn_by_the_same_op_are_two_tensors_and_the_plan_moves_both(tmp_path):
+    """Note [Birth names across iterations] in teraio/walk.py: a dataset drawn with torch.randn
+    before the loop and the noise each step draws were one name in the trace; the runtime took
+    the noise for the dataset's entry, the dataset never moved, and a diffusers UNet's plan at a
+    quarter of its peak went over its budget at the same op of every planned iteration."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "dataset_and_noise.py",
+              "--out", tmp_path / "profiled.json", cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    ids = list(trace.tensor_id)
+    assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
+    # 60% of the peak: the smallest budget a plan fits is 57% (what no entry can move)
+    budget = int(live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * 6 // 10
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    sizes = {}
+    for entry in load_plan(tmp_path / "plan.json").entries:
+        sizes.setdefault(entry.tensor, set()).add(entry.nbytes)
+    assert all(len(nbytes) == 1 for nbytes in sizes.values()), {t: n for t, n in sizes.items() if len(n) > 1}
+    assert {64 * 3 * 16 * 16 * 4} in sizes.values()   # the dataset moves, under a name of its own
+    _, report = run_planned(tmp_path, tmp_path / "plan.json", "dataset_and_noise.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "dataset_and_noise.py", "--out", tmp_path / "plain.json")
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    assert report.iterations_on_plan >= 3 and report.plan_fits
+    # the plan fits: the runtime keeps the budget without evicting anything it did not plan to
+    assert sum(it.evictions for it in report.per_iteration if it.followed_plan) == 0
