@@ -8,9 +8,9 @@ from teraio.formats.report import RunReport
 from teraio.units import format_bytes, format_ms
 
 
-def print_report(report: RunReport, out: Console, title: str, calibrate_hint: str = "") -> None:
-    """The run's summary; `calibrate_hint`: a line on predicting better (the runtime's, which
-    knows the plan)."""
+def print_report(report: RunReport, out: Console, title: str, hints: tuple[str, ...] = ()) -> None:
+    """The run's summary; `hints`: lines on predicting better (the runtime's, which knows the
+    plan)."""
     r = report
     excess = r.peak_device_bytes - r.budget_bytes
     # by how much, in bytes: "peak 17.5 MiB of 17.5 MiB budget (over budget)" read as a contradiction
@@ -26,8 +26,8 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
     out.print(f"  iteration {format_ms(r.measured_iteration_ms)} measured ({which}) vs "
               f"{format_ms(r.predicted_iteration_ms)} {predicted}; peak {format_bytes(r.peak_device_bytes)} "
               f"of {format_bytes(r.budget_bytes)} budget ({over})")
-    if calibrate_hint:
-        out.print(f"  {calibrate_hint}")
+    for hint in hints:
+        out.print(f"  {hint}")
     in_iterations = max((row.resident_peak_bytes for row in r.per_iteration), default=0)
     if r.budget_bytes and r.peak_in_saves_bytes > r.budget_bytes >= in_iterations:
         out.print(f"  [red]over the budget only while a save read the job's tensors[/] ("
@@ -72,7 +72,9 @@ def print_report(report: RunReport, out: Console, title: str, calibrate_hint: st
         out.print(f"  [red]data lost[/]: {tensor}, its swap file could not be read back ({failure})")
     _print_replays(r, out)
     causes = ", ".join(f"{cause} {format_ms(ms)}" for cause, ms in r.stall_ms_by_cause.items()) or "none"
-    out.print(f"  stalls: {r.stall_count} ({format_ms(r.stall_ms)}{_planned_part(r, 'stall_ms', ', ', '')}): {causes}")
+    # time first: the count is near the kernel count in a CPU run of waits that cost nothing, and read as alarming
+    out.print(f"  stalls: {format_ms(r.stall_ms)}{_planned_part(r, 'stall_ms', ' (', ')')} over {r.stall_count} "
+              f"waits for a copy: {causes}")
     if r.compiled_regions:
         out.print(f"  [yellow]torch.compile: {r.compiled_regions} compiled region(s) ran eager[/] (eager numerics)")
     out.print(f"  guard trips {r.guard_trips}, cancelled offloads {r.cancelled_offloads}, "
