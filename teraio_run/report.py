@@ -1,5 +1,6 @@
 """The run report: written and summarised when the training process exits."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from teraio import __version__, compile_guard
 from teraio.errors import PlanMismatchError
 from teraio.formats.common import Producer
 from teraio.formats.report import ReportHeader, RunReport, save_report, steady_iterations
-from teraio.settings import rank_path
+from teraio.settings import rank_path, status_path
 from teraio.units import format_ms
 from teraio_run.setup import remove_run_dirs
 
@@ -123,9 +124,9 @@ def finish(agent, context) -> None:
     if getattr(sys, "last_value", None) is not None:
         return   # the job failed on its own: its status stands
     if agent.engine.stats.lost_tensors:
-        _exit_failed()
-    if never_learned and context.settings.strict:
-        _exit_failed(PlanMismatchError.exit_code)
+        _fail_status(context, 1)
+    elif never_learned and context.settings.strict:
+        _fail_status(context, PlanMismatchError.exit_code)
 
 
 def report_path(context) -> Path:
@@ -197,11 +198,18 @@ def _print_summary(report, hints: list[str]) -> None:
         pass
 
 
-def _exit_failed(code: int = 1) -> None:
+def _fail_status(context, code: int) -> None:
     """Note [Lost swap files] (teraio_run/engine.py): the script caught the error and ended
     normally, but trained on after losing bytes; its status must not say success (nor, under
     --strict, that of a job that never followed its plan). Python sets sys.last_value for an
-    uncaught error, which exits with 1 by itself. At exit, only os._exit changes the status."""
+    uncaught error, which exits with 1 by itself. A job that ended with a status of its own
+    (`sys.exit(3)`) keeps it: at exit nothing here can tell it from success, and os._exit(6)
+    made a --strict job's 3 a 6. So the status goes to `teraio run`, which sets it where the
+    job's own is 0 (teraio_run/run.py, job_status); started some other way, os._exit sets it."""
+    path = status_path(context.settings.status_dir)
+    if path is not None:
+        path.write_text(json.dumps({"exit_status": code}))
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

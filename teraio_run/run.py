@@ -1,7 +1,9 @@
 """`teraio run`: check the plan, then launch the job with the runtime injected."""
 
+import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from teraio.errors import UsageError
@@ -27,11 +29,21 @@ def run(argv: list[str], plan_path: str, ssd_dirs: list[str], report: str, gpu_m
     if acting:  # a plan that moves nothing leaves the job untouched: no pool, no swap files
         _check_ssd_dirs(swap_dirs, acting)
         _check_host_memory(acting)
-    settings = Settings(mode="run", device=device, command=list(argv), strict=strict,
-                        plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
-                        report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
-                        io_backend=io_backend, clean_copies=clean_copies)
-    return run_command(command, settings, CAPPED_JOB_ENV).status
+    with tempfile.TemporaryDirectory(prefix="teraio-run-") as status_dir:
+        settings = Settings(mode="run", device=device, command=list(argv), strict=strict, status_dir=status_dir,
+                            plan=str(Path(plan_path).resolve()), ssd_dirs=[str(Path(d).resolve()) for d in ssd_dirs],
+                            report=str(Path(report).resolve()) if report else "", gpu_mem_bytes=gpu_mem_bytes,
+                            io_backend=io_backend, clean_copies=clean_copies)
+        return job_status(run_command(command, settings, CAPPED_JOB_ENV).status, Path(status_dir))
+
+
+def job_status(status: int, status_dir: Path) -> int:
+    """The job's own status where it failed or a signal ended it; where it ended with 0, the
+    failure a rank's runtime said at its exit (teraio_run/report.py, _fail_status), if any."""
+    if status != 0:
+        return status
+    said = [json.loads(path.read_text())["exit_status"] for path in status_dir.glob("status.*.json")]
+    return max(said, default=0)
 
 
 def _plan_paths(plan_path: Path) -> list[Path]:

@@ -196,6 +196,12 @@ def test_a_job_that_ends_before_the_traced_iteration_is_told_the_plan_was_never_
         assert said[0].startswith("teraio: error" if strict else "teraio: warning")
         run = load_report(report)
         assert run.iterations_on_plan == 0 and run.guard_trips == 1 and "never followed" in run.guard_reason
+    # a job that ends with a status of its own keeps it under --strict: the runtime's 6 replaced its 3
+    own_exit = (f"import runpy, sys; sys.argv = {[str(EXAMPLE), *short]!r}; "
+                f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__'); sys.exit(3)")
+    proc = teraio("run", "--plan", tmp_path / "plan.json", "--strict", "--", PYTHON, "-c", own_exit, cwd=tmp_path)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert sum("never followed" in line for line in proc.stderr.splitlines()) == 1, proc.stderr
 
 
 def test_swap_folders_are_removed_and_stale_ones_cleaned(work, tmp_path):
