@@ -1152,9 +1152,9 @@ class OpWalk(TorchDispatchMode):
         diffusers step draws with `torch.randn`): `/randn.0#0` twice in the trace and the plan.
         The runtime took the step's noise for the dataset's entry, never moved the dataset, and
         a plan that fitted went over its budget at the same op of every iteration (408
-        evictions each, a UNet at a quarter of its peak). So what is born outside any module,
-        the backward and the optimizer in iteration 0 (the job's setup, its first step's data) is scoped
-        `setup`, a name no later iteration makes. Skipping names still held at a boundary
+        evictions each, a UNet at a quarter of its peak). So what iteration 0 makes outside any
+        module, the backward pass and the optimizer (the job's setup, its first step's data) is
+        scoped `setup`, a name no later iteration makes. Skipping names still held at a boundary
         instead gave a per-step buffer alive across the boundary a name that alternated
         between iterations (tests/clients/late_fill.py), and the plan no longer matched."""
         if self.scope:
