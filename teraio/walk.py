@@ -991,11 +991,15 @@ class OpWalk(TorchDispatchMode):
         if clock is not None:
             clock.start()
         t1 = perf_counter()
-        if info.autocast_inside:
-            with caller_autocast(op_tensors(args, kwargs)):
+        try:
+            if info.autocast_inside:
+                with caller_autocast(op_tensors(args, kwargs)):
+                    out = self._call(func, args, kwargs, inputs)
+            else:
                 out = self._call(func, args, kwargs, inputs)
-        else:
-            out = self._call(func, args, kwargs, inputs)
+        except Exception:
+            self._op_raised(k, func, inputs, clock)
+            raise
         t2 = perf_counter()
         if clock is not None:
             clock.stop()
@@ -1016,6 +1020,23 @@ class OpWalk(TorchDispatchMode):
         self._last_op_end = end = perf_counter()
         host_s["walk"] += end - t2 + t1 - t0
         return out
+
+    def _op_raised(self, k, func, inputs, clock) -> None:
+        """Note [Ops that raise]
+        An op that raises is still a kernel of the iteration: it was numbered and the listener
+        acted before it, and a job that catches the error runs it in every iteration alike
+        (accelerate's gather_for_metrics slices a 0-dim tensor and catches the IndexError, once
+        per step under TRL's SFTTrainer). The listener was never told it ended, so the
+        profiler's recorded ops fell behind the kernel count (4,911 against 4,915: the trace
+        could not be written, the profile ended in a ValueError from our own frames), its
+        clock's start had no stop, and the runtime, which learns an iteration's signatures in
+        the same hook, lost one. It ends here as an op with no outputs, with the same
+        signature in the profile and the run."""
+        if clock is not None:
+            clock.stop()
+        self.op_written = ()
+        self.last_call = None
+        self.listener.after_op(k, func, inputs, [], self.signature_of(func, []))
 
     def _count_writes(self, written, args, kwargs) -> list[StorageRecord]:
         """Note [Writes]: every storage an op wrote in place counts one more write; returns them."""

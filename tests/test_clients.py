@@ -338,3 +338,22 @@ def test_a_dataset_and_the_noise_drawn_by_the_same_op_are_two_tensors_and_the_pl
     assert report.iterations_on_plan >= 3 and report.plan_fits
     # the plan fits: the runtime keeps the budget without evicting anything it did not plan to
     assert sum(it.evictions for it in report.per_iteration if it.followed_plan) == 0
+
+
+def test_an_op_the_job_catches_an_error_of_is_a_kernel_and_the_plan_is_followed_past_it(tmp_path):
+    """Note [Ops that raise] in teraio/walk.py: accelerate's gather_for_metrics slices the 0-dim
+    loss at an epoch's short last batch and catches the IndexError (once per iteration here, as
+    under TRL's SFTTrainer): the profiler's ops fell behind its kernel count and the profile died
+    in our own ValueError ("kernel columns disagree with header.num_kernels")."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "accelerate_metrics.py",
+              "--out", tmp_path / "profiled.json", cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    # 70% of the peak: the smallest budget a plan fits is 60% (what no entry can move)
+    budget = int(live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * 7 // 10
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    _, report = run_planned(tmp_path, tmp_path / "plan.json", "accelerate_metrics.py", "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, "accelerate_metrics.py", "--out", tmp_path / "plain.json")
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    assert report.iterations_on_plan == report.iterations - 1 and report.plan_pauses == 0 and report.plan_fits
+    assert sum(it.evictions for it in report.per_iteration if it.followed_plan) == 0
