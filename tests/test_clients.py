@@ -63,6 +63,27 @@ def run_plain(tmp_path, script: str, *args) -> None:
     assert proc.returncode == 0, f"the plain run exited {proc.returncode}:\n{proc.stderr[-3000:]}"
 
 
+def host_plan_at_share(tmp_path, script: str, share: float):
+    """SCRIPT profiled and planned on the host tier at `share` of its traced peak (untracked
+    bytes in); returns the trace, the plan's path and the budget."""
+    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / script,
+              "--out", tmp_path / "profiled.json", cwd=tmp_path))
+    trace = load_trace(tmp_path / "t.msgpack")
+    budget = int((live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * share)
+    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
+              "-o", tmp_path / "plan.json", cwd=tmp_path))
+    return trace, tmp_path / "plan.json", budget
+
+
+def planned_and_plain_alike(tmp_path, plan: Path, script: str):
+    """SCRIPT run under PLAN and plainly, each writing JSON to --out: the two files are the same.
+    The planned run's report."""
+    _, report = run_planned(tmp_path, plan, script, "--out", tmp_path / "planned.json")
+    run_plain(tmp_path, script, "--out", tmp_path / "plain.json")
+    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    return report
+
+
 def assert_same_safetensors(a: Path, b: Path) -> None:
     mine, theirs = load_file(a), load_file(b)
     assert mine.keys() == theirs.keys()
@@ -281,16 +302,9 @@ def test_batches_the_script_holds_count_in_the_plan_and_the_run_keeps_its_budget
     """On the CPU nothing counted the storages no op of the recorded iteration touches (batches
     made before the loop): a plan said it fit and the run went 3.6x over its budget. They are
     the trace's untracked bytes now."""
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "held_batches.py",
-              "--out", tmp_path / "profiled.json", cwd=tmp_path))
-    trace = load_trace(tmp_path / "t.msgpack")
+    trace, plan, budget = host_plan_at_share(tmp_path, "held_batches.py", 0.75)
     assert trace.header.untracked_bytes >= 6 * 128 * 256 * 4    # the batches the iteration left alone
-    budget = int(live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * 3 // 4
-    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
-              "-o", tmp_path / "plan.json", cwd=tmp_path))
-    _, report = run_planned(tmp_path, tmp_path / "plan.json", "held_batches.py", "--out", tmp_path / "planned.json")
-    run_plain(tmp_path, "held_batches.py", "--out", tmp_path / "plain.json")
-    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    report = planned_and_plain_alike(tmp_path, plan, "held_batches.py")
     assert report.peak_device_bytes <= budget
 
 
@@ -318,23 +332,16 @@ def test_a_dataset_and_the_noise_drawn_by_the_same_op_are_two_tensors_and_the_pl
     before the loop and the noise each step draws were one name in the trace; the runtime took
     the noise for the dataset's entry, the dataset never moved, and a diffusers UNet's plan at a
     quarter of its peak went over its budget at the same op of every planned iteration."""
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "dataset_and_noise.py",
-              "--out", tmp_path / "profiled.json", cwd=tmp_path))
-    trace = load_trace(tmp_path / "t.msgpack")
+    # 60% of the peak: the smallest budget a plan fits is 57% (what no entry can move)
+    trace, plan, _ = host_plan_at_share(tmp_path, "dataset_and_noise.py", 0.6)
     ids = list(trace.tensor_id)
     assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
-    # 60% of the peak: the smallest budget a plan fits is 57% (what no entry can move)
-    budget = int(live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * 6 // 10
-    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
-              "-o", tmp_path / "plan.json", cwd=tmp_path))
     sizes = {}
-    for entry in load_plan(tmp_path / "plan.json").entries:
+    for entry in load_plan(plan).entries:
         sizes.setdefault(entry.tensor, set()).add(entry.nbytes)
     assert all(len(nbytes) == 1 for nbytes in sizes.values()), {t: n for t, n in sizes.items() if len(n) > 1}
     assert {64 * 3 * 16 * 16 * 4} in sizes.values()   # the dataset moves, under a name of its own
-    _, report = run_planned(tmp_path, tmp_path / "plan.json", "dataset_and_noise.py", "--out", tmp_path / "planned.json")
-    run_plain(tmp_path, "dataset_and_noise.py", "--out", tmp_path / "plain.json")
-    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    report = planned_and_plain_alike(tmp_path, plan, "dataset_and_noise.py")
     assert report.iterations_on_plan >= 3 and report.plan_fits
     # the plan fits: the runtime keeps the budget without evicting anything it did not plan to
     assert sum(it.evictions for it in report.per_iteration if it.followed_plan) == 0
@@ -345,15 +352,8 @@ def test_an_op_the_job_catches_an_error_of_is_a_kernel_and_the_plan_is_followed_
     loss at an epoch's short last batch and catches the IndexError (once per iteration here, as
     under TRL's SFTTrainer): the profiler's ops fell behind its kernel count and the profile died
     in our own ValueError ("kernel columns disagree with header.num_kernels")."""
-    ok(teraio("profile", "-o", tmp_path / "t.msgpack", "--", PYTHON, CLIENTS / "accelerate_metrics.py",
-              "--out", tmp_path / "profiled.json", cwd=tmp_path))
-    trace = load_trace(tmp_path / "t.msgpack")
     # 70% of the peak: the smallest budget a plan fits is 60% (what no entry can move)
-    budget = int(live_bytes_per_kernel(trace).max() + trace.header.untracked_bytes) * 7 // 10
-    ok(teraio("plan", tmp_path / "t.msgpack", "--gpu-mem", budget, "--ssds", 0, "--host-mem", "64MiB",
-              "-o", tmp_path / "plan.json", cwd=tmp_path))
-    _, report = run_planned(tmp_path, tmp_path / "plan.json", "accelerate_metrics.py", "--out", tmp_path / "planned.json")
-    run_plain(tmp_path, "accelerate_metrics.py", "--out", tmp_path / "plain.json")
-    assert json.loads((tmp_path / "planned.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    _, plan, _ = host_plan_at_share(tmp_path, "accelerate_metrics.py", 0.7)
+    report = planned_and_plain_alike(tmp_path, plan, "accelerate_metrics.py")
     assert report.iterations_on_plan == report.iterations - 1 and report.plan_pauses == 0 and report.plan_fits
     assert sum(it.evictions for it in report.per_iteration if it.followed_plan) == 0
