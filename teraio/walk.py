@@ -998,7 +998,7 @@ class OpWalk(TorchDispatchMode):
             else:
                 out = self._call(func, args, kwargs, inputs)
         except Exception:
-            self._op_raised(k, func, inputs, clock)
+            self._op_raised(k, func, args, kwargs, inputs, clock)
             raise
         t2 = perf_counter()
         if clock is not None:
@@ -1021,7 +1021,7 @@ class OpWalk(TorchDispatchMode):
         host_s["walk"] += end - t2 + t1 - t0
         return out
 
-    def _op_raised(self, k, func, inputs, clock) -> None:
+    def _op_raised(self, k, func, args, kwargs, inputs, clock) -> None:
         """Note [Ops that raise]
         An op that raises is still a kernel of the iteration: it was numbered and the listener
         acted before it, and a job that catches the error runs it in every iteration alike
@@ -1035,8 +1035,9 @@ class OpWalk(TorchDispatchMode):
         if clock is not None:
             clock.stop()
         self.op_written = ()
-        self.last_call = None
+        self.last_call = (args, kwargs, [])
         self.listener.after_op(k, func, inputs, [], self.signature_of(func, []))
+        self.last_call = None
 
     def _count_writes(self, written, args, kwargs) -> list[StorageRecord]:
         """Note [Writes]: every storage an op wrote in place counts one more write; returns them."""

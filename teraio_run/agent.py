@@ -187,7 +187,7 @@ class RunAgent(WalkListener):
             if self.expected is None:
                 self._follow_unlearned(k, inputs)
             elif k >= self.num_kernels or signature != self.expected[k]:
-                k = self._realign(k, func, signature)
+                k = self._realign(k, func, signature, new)
             else:
                 self.off_plan = False
             if self.following:
@@ -407,7 +407,7 @@ class RunAgent(WalkListener):
             stop_job(PlanMismatchError(reason))
         print(f"teraio: warning: {reason}", file=sys.stderr)
 
-    def _realign(self, k: int, func, signature: int) -> int:
+    def _realign(self, k: int, func, signature: int, new) -> int:
         """This op is not the plan's kernel k: the kernel it is (k + 1 where the iteration lacks
         kernel k), or -1 where it is none of the plan's.
 
@@ -435,7 +435,13 @@ class RunAgent(WalkListener):
         for an image already at the padded size, and 17 of 30 iterations of a Faster R-CNN left
         the plan there. So an op unlike kernel k that is the trace's kernel k + 1 is taken for
         it: kernel k is absent, its offloads are done now, and the plan goes on from k + 1
-        (counted in kernels_absent, and against MAX_STEPPED_OVER with the ops stepped over)."""
+        (counted in kernels_absent, and against MAX_STEPPED_OVER with the ops stepped over).
+        Both at once: TRL's collator pads each row into its batch with `out[i][:len(t)] = t`, so
+        the traced iteration lacks the slice where its longest row sat, and an iteration whose
+        longest row sits elsewhere runs one there (a view of the batch) and lacks one at its
+        own longest: 1 of 12 iterations of an SFTTrainer run followed its plan. An op that makes
+        no storage and writes none (a view) allocates nothing and moves nothing either, so it is
+        stepped over like a scalar's."""
         if k + 1 < self.num_kernels and signature == self.expected[k + 1] and self.stepped_over < MAX_STEPPED_OVER:
             self.stepped_over += 1
             self.start -= 1
@@ -444,14 +450,15 @@ class RunAgent(WalkListener):
             if k in self.offloads_after and not self.keeper.holds:  # what kernel k would have let go
                 self._offload_planned(k)
             return k + 1
-        self._step_over(k, func)
+        self._step_over(k, func, new)
         return -1
 
-    def _step_over(self, k: int, func) -> None:
+    def _step_over(self, k: int, func, new) -> None:
         """An op of none of the plan's kernels: stepped over, or the plan pauses (Note [Ops the
         trace lacks])."""
         self.stepped_over += 1
-        if self.stepped_over > MAX_STEPPED_OVER or not _makes_scalars(self.walk.last_call[2]):
+        a_view = not new and not self.walk.op_written
+        if self.stepped_over > MAX_STEPPED_OVER or not (a_view or _makes_scalars(self.walk.last_call[2])):
             self._pause(k, func)
             return
         self.start += 1
