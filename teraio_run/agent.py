@@ -79,6 +79,7 @@ from teraio_run.trust import ChunkCheck
 
 # Note [When the plan is followed], Sizes: kinds whose size is the model's, whatever the batch
 SIZED_KINDS = frozenset({Kind.parameter.name, Kind.gradient.name, Kind.optimizer_state.name})
+_SLICE = torch.ops.aten.slice.Tensor   # Note [Ops the trace lacks]: the one view stepped over
 MAX_STEPPED_OVER = 16   # ops unlike the trace's an iteration steps over, at most (Note [Ops the trace lacks])
 
 
@@ -439,9 +440,12 @@ class RunAgent(WalkListener):
         Both at once: TRL's collator pads each row into its batch with `out[i][:len(t)] = t`, so
         the traced iteration lacks the slice where its longest row sat, and an iteration whose
         longest row sits elsewhere runs one there (a view of the batch) and lacks one at its
-        own longest: 1 of 12 iterations of an SFTTrainer run followed its plan. An op that makes
-        no storage and writes none (a view) allocates nothing and moves nothing either, so it is
-        stepped over like a scalar's."""
+        own longest: 1 of 12 iterations of an SFTTrainer run followed its plan. So a slice, the
+        op PyTorch leaves out at a whole dimension, is stepped over like a scalar's where it
+        makes no storage and writes none (a view: it allocates and moves nothing). Other views
+        still pause the plan: a save's detach of each weight is one, and stepping over a save's
+        ops let the plan match the trace's kernels among them (tests/test_gpu.py's torch.save test
+        found a storage back that the plan had out; fb9126f)."""
         if k + 1 < self.num_kernels and signature == self.expected[k + 1] and self.stepped_over < MAX_STEPPED_OVER:
             self.stepped_over += 1
             self.start -= 1
@@ -457,8 +461,8 @@ class RunAgent(WalkListener):
         """An op of none of the plan's kernels: stepped over, or the plan pauses (Note [Ops the
         trace lacks])."""
         self.stepped_over += 1
-        a_view = not new and not self.walk.op_written
-        if self.stepped_over > MAX_STEPPED_OVER or not (a_view or _makes_scalars(self.walk.last_call[2])):
+        a_slice = func is _SLICE and not new and not self.walk.op_written
+        if self.stepped_over > MAX_STEPPED_OVER or not (a_slice or _makes_scalars(self.walk.last_call[2])):
             self._pause(k, func)
             return
         self.start += 1
