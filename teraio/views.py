@@ -105,7 +105,7 @@ def print_report(report: RunReport, out: Console, title: str, hints: tuple[str, 
     realigned = [row for row in r.per_iteration if row.ops_stepped_over or row.kernels_absent]
     if realigned:
         parts = ([f"{sum(row.ops_stepped_over for row in realigned)} ops the trace lacks (a log line's loss.item(), "
-                  "a logger's mean) were stepped over"] if any(row.ops_stepped_over for row in realigned) else []) + \
+                  "a logger's mean, a collator's slice) were stepped over"] if any(row.ops_stepped_over for row in realigned) else []) + \
                 ([f"{sum(row.kernels_absent for row in realigned)} of its kernels were absent (a slice of a whole "
                   "dimension makes no op)"] if any(row.kernels_absent for row in realigned) else [])
         out.print(f"  {' and '.join(parts)} in {len(realigned)} iteration(s), "
