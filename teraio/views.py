@@ -1,5 +1,7 @@
 """Rich renderings shared by the CLI and the agents' exit summaries (no torch)."""
 
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.table import Table
 
@@ -8,7 +10,7 @@ from teraio.formats.report import RunReport
 from teraio.units import format_bytes, format_ms
 
 
-def print_report(report: RunReport, out: Console, title: str, hints: tuple[str, ...] = ()) -> None:
+def print_report(report: RunReport, out: Console, title: str, hints: Sequence[str] = ()) -> None:
     """The run's summary; `hints`: lines on predicting better (the runtime's, which knows the
     plan)."""
     r = report

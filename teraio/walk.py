@@ -15,7 +15,7 @@ stable across iterations and processes and readable in a plan diff:
 - everything else: the module scope, the op and the output index where it was born, and an
   occurrence counter that restarts every iteration: `model.layers.3.mlp/mm.0#1`. Ops of the
   backward pass run outside any module call, so their scope is `bwd`; what the job makes
-  outside any module before its first iteration ends is `setup` (Note [Birth names across
+  outside any module before its first optimizer step ends is `setup` (Note [Birth names across
   iterations]).
 Tensors first met as an op input (made before the walk started, or outside ATen) are named
 like births with `in` instead of the output index.
@@ -1174,17 +1174,19 @@ class OpWalk(TorchDispatchMode):
         diffusers step draws with `torch.randn`): `/randn.0#0` twice in the trace and the plan.
         The runtime took the step's noise for the dataset's entry, never moved the dataset, and
         a plan that fitted went over its budget at the same op of every iteration (408
-        evictions each, a UNet at a quarter of its peak). So what iteration 0 makes outside any
-        module, the backward pass and the optimizer (the job's setup, its first step's data) is
-        scoped `setup`, a name no later iteration makes. Skipping names still held at a boundary
-        instead gave a per-step buffer alive across the boundary a name that alternated
-        between iterations (tests/clients/late_fill.py), and the plan no longer matched."""
+        evictions each, a UNet at a quarter of its peak). So what the job makes outside any
+        module, the backward pass and the optimizer before its first optimizer step ends (its
+        setup, its first step's data) is scoped `setup`, a name no later iteration makes. By
+        step, not iteration: the profiler counts each step an iteration until it has found the
+        job's cycle, the run counts the plan's cycle from the start. Skipping names still held
+        at a boundary instead gave a per-step buffer alive across the boundary a name that
+        alternated between iterations (tests/clients/late_fill.py), and the plan no longer matched."""
         if self.scope:
             scope = self.scope[-1]
         elif phase == Phase.backward:
             scope = BACKWARD_SCOPE
         else:
-            scope = SETUP_SCOPE if self.iteration == 0 and phase != Phase.optimizer else ""
+            scope = SETUP_SCOPE if self.steps == 0 and phase != Phase.optimizer else ""
         base = f"{scope}/{(_op_infos.get(id(func)) or _op_info(func)).packet}.{label}"
         occurrence = self.occurrences.get(base, 0)
         self.occurrences[base] = occurrence + 1
